@@ -1,0 +1,40 @@
+# Set-up and everyday commands. Each target installs what is missing first.
+#
+#   make test    install, then run every test (notebooks included, via nbval)
+#   make serve   install, then launch the OpenAI-compatible server on the embedded gpt2
+#
+# The virtual environment sees the system's site-packages, so a torch that is
+# already installed (a CUDA build on a GPU machine) is kept; only when none is
+# importable is the pinned CPU wheel installed, before the project, so that
+# nothing pulls several GB of CUDA packages onto a CPU machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.roseinfer-installed
+SERVE_ARGS ?=
+
+.PHONY: install test lint serve clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check .
+
+serve: install
+	$(PY) -m roseinfer.server $(SERVE_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

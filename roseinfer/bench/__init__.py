@@ -1,0 +1,1 @@
+"""Benchmark building blocks shared by benchmarks/ and the notebooks."""

@@ -1,0 +1,87 @@
+"""Result files: every benchmark writes JSON with the same envelope.
+
+    {"benchmark", "variant", "config", "metrics", "device", "device_name",
+     "torch_version", "git_commit", "date"}
+
+Files go under results/<device>/, where <device> is "cpu" or a short GPU tag
+("h100", "h200", ...), so CPU runs and GPU reference runs sit side by side.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_tag(device: str | torch.device = "cpu") -> str:
+    """'cpu', or the GPU's short name: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower()
+    for tag in ("h200", "h100", "a100", "l40s", "l4", "a10g", "b200", "rtx 4090"):
+        if tag in name:
+            return tag.replace(" ", "")
+    return name.replace("nvidia", "").strip().split()[0]
+
+
+def results_dir(device: str | torch.device = "cpu", root: Path | None = None) -> Path:
+    path = (root or REPO_ROOT / "results") / device_tag(device)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def make_result(
+    benchmark: str,
+    variant: str,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    return {
+        "benchmark": benchmark,
+        "variant": variant,
+        "config": config,
+        "metrics": metrics,
+        "device": device_tag(device),
+        "device_name": device_name(device),
+        "torch_version": torch.__version__,
+        "git_commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,155 @@
+"""Model presets and engine settings.
+
+`ModelConfig` describes a GPT-2 architecture (it is what a checkpoint's
+config.json holds); `EngineConfig` describes how the engine runs it (device,
+dtype, KV pool, batching limits). Both are plain dataclasses so a notebook can
+print them and a benchmark can write them into its result file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GPT2_VOCAB_SIZE = 50257
+GPT2_EOS_TOKEN_ID = 50256
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_positions: int = 1024
+    vocab_size: int = GPT2_VOCAB_SIZE
+    layer_norm_epsilon: float = 1e-5
+    eos_token_id: int = GPT2_EOS_TOKEN_ID
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def num_parameters(self) -> int:
+        e, v, p = self.n_embd, self.vocab_size, self.n_positions
+        per_layer = 12 * e * e + 13 * e  # qkv + proj + 2 MLP matrices, their biases, 2 LayerNorms
+        return v * e + p * e + self.n_layer * per_layer + 2 * e  # lm_head is tied to wte
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face GPT-2 config.json (unknown keys are ignored)."""
+        activation = hf.get("activation_function", "gelu_new")
+        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported GPT-2 activation_function {activation!r}")
+        return cls(
+            n_embd=hf.get("n_embd", hf.get("hidden_size", 768)),
+            n_layer=hf.get("n_layer", hf.get("num_hidden_layers", 12)),
+            n_head=hf.get("n_head", hf.get("num_attention_heads", 12)),
+            n_positions=hf.get("n_positions", hf.get("max_position_embeddings", 1024)),
+            vocab_size=hf.get("vocab_size", GPT2_VOCAB_SIZE),
+            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+            eos_token_id=hf.get("eos_token_id") or GPT2_EOS_TOKEN_ID,
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The config.json that HF `GPT2Config` reads back as the same architecture."""
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "activation_function": "gelu_new",
+            "n_embd": self.n_embd,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "vocab_size": self.vocab_size,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "bos_token_id": self.eos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "tie_word_embeddings": True,
+        }
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "gpt2": ModelConfig(n_embd=768, n_layer=12, n_head=12),
+    "gpt2-medium": ModelConfig(n_embd=1024, n_layer=24, n_head=16),
+    "gpt2-large": ModelConfig(n_embd=1280, n_layer=36, n_head=20),
+    "gpt2-xl": ModelConfig(n_embd=1600, n_layer=48, n_head=25),
+    # GPT-2's vocabulary and context with a toy body: fast enough for CPU tests and CI notebooks.
+    "gpt2-tiny": ModelConfig(n_embd=64, n_layer=2, n_head=4),
+}
+
+# The Hugging Face Hub ids whose local cache entry a preset name may resolve to.
+PRESET_HF_IDS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("openai-community/gpt2", "gpt2"),
+    "gpt2-medium": ("openai-community/gpt2-medium", "gpt2-medium"),
+    "gpt2-large": ("openai-community/gpt2-large", "gpt2-large"),
+    "gpt2-xl": ("openai-community/gpt2-xl", "gpt2-xl"),
+}
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """fp32 on CPU, bf16 on CUDA unless asked otherwise."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a model. Every field can be passed to `from_pretrained`."""
+
+    device: str = "cpu"
+    dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA
+    seed: int = 0  # seeds random weights when no checkpoint is found
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float | None = None  # None: 1 GiB on CPU, 40% of free memory on CUDA
+    max_batch_size: int = 64  # running requests per step
+    max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
+    enable_prefix_cache: bool = True
+    attention_backend: str = "torch"
+    checkpoint_path: str | None = None  # a roseinfer checkpoint file
+    hf_model_id: str | None = None  # look this id up in the local HF cache
+    tokenizer_name: str | None = None  # a local tokenizer directory; default: embedded GPT-2 BPE
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        config = cls(**kwargs)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.max_batch_size <= 0:
+            raise ValueError(f"max_batch_size must be positive, got {self.max_batch_size}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")

@@ -1,0 +1,115 @@
+"""ModelRunner: turns one scheduled batch into tensors, runs the model, samples.
+
+It owns the model and the KV cache tensor. The scheduler hands it plain
+`BatchEntry` records (which tokens to compute, where their K/V go, whether to
+sample after them) and gets back one token per entry that samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from roseinfer.config import ModelConfig
+from roseinfer.model.attention import AttentionMetadata
+from roseinfer.model.gpt2 import GPT2
+from roseinfer.sampling import Sampler, SamplingParams
+
+
+@dataclass
+class BatchEntry:
+    token_ids: list[int]  # the new tokens to compute this step
+    start_pos: int  # position of the first of them (= tokens already in the cache)
+    block_table: list[int]
+    sample: bool  # sample the next token after the last one (False mid-way through a prompt)
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layer * block_size * config.n_embd * elem
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: GPT2,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        c = self.config
+        # Zeroed so that never-written slots hold finite values (masked, but 0 * NaN is NaN).
+        self.kv_cache = torch.zeros(
+            (c.n_layer, 2, num_blocks, block_size, c.n_head, c.head_dim), device=device, dtype=dtype
+        )
+        self.sampler = Sampler()
+
+    def prepare(
+        self, batch: Sequence[BatchEntry]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """(input_ids, positions, attention metadata, indices of the rows to sample)."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start_loc = [0]
+        context_lens: list[int] = []
+        sample_rows: list[int] = []
+        for entry in batch:
+            n = len(entry.token_ids)
+            start = entry.start_pos
+            input_ids += entry.token_ids
+            positions += range(start, start + n)
+            table = entry.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            query_start_loc.append(query_start_loc[-1] + n)
+            context_lens.append(start + n)
+            if entry.sample:
+                sample_rows.append(query_start_loc[-1] - 1)
+        max_blocks = max(len(e.block_table) for e in batch)
+        tables = [e.block_table + [0] * (max_blocks - len(e.block_table)) for e in batch]
+
+        def to_device(values, dtype=torch.int64) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        meta = AttentionMetadata(
+            slot_mapping=to_device(slots),
+            block_tables=to_device(tables, torch.int32),
+            context_lens=to_device(context_lens, torch.int32),
+            query_start_loc=to_device(query_start_loc, torch.int32),
+            max_query_len=max(len(e.token_ids) for e in batch),
+            max_context_len=max(context_lens),
+        )
+        return to_device(input_ids), to_device(positions), meta, to_device(sample_rows)
+
+    @torch.inference_mode()
+    def execute(self, batch: Sequence[BatchEntry]) -> list[int | None]:
+        """Run one step; the sampled token of each entry that samples, else None."""
+        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        sampling = [e for e in batch if e.sample]
+        if not sampling:
+            return [None] * len(batch)
+        logits = self.model.compute_logits(hidden[sample_rows])
+        tokens = iter(
+            self.sampler(logits, [e.params for e in sampling], [e.generator for e in sampling]).tolist()
+        )
+        return [next(tokens) if e.sample else None for e in batch]
+
+    @torch.inference_mode()
+    def logits_for(self, batch: Sequence[BatchEntry]) -> torch.Tensor:
+        """fp32 logits [T, vocab] of every new token of the batch (tests compare them with HF)."""
+        input_ids, positions, meta, _ = self.prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        return self.model.compute_logits(hidden).float()

@@ -1,0 +1,188 @@
+"""Where the weights come from, never from the network.
+
+`load_weights` resolves a model name or path in this order:
+
+1. a local directory in Hugging Face layout (config.json + model.safetensors,
+   sharded safetensors, or pytorch_model.bin);
+2. an explicit roseinfer checkpoint (`checkpoint_path`, or a path to a file);
+3. a Hub id or preset name found in the local Hugging Face cache (looked up
+   with `local_files_only`, so it never touches the network or hangs);
+4. a preset architecture with seeded random weights.
+
+What was loaded is always said: `LoadedWeights.description` goes into the
+start-up log and `/v1/models`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from roseinfer.config import PRESET_HF_IDS, PRESETS, ModelConfig
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "roseinfer-gpt2"
+CHECKPOINT_VERSION = 1
+
+# HF GPT-2 stores these projections as Conv1D, [in, out]; nn.Linear wants [out, in].
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers of HF's implementation (causal mask), not weights.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+@dataclass
+class LoadedWeights:
+    config: ModelConfig
+    state_dict: dict[str, torch.Tensor]  # roseinfer names, fp32 or the checkpoint's dtype
+    source: str  # "hf-directory" | "hf-cache" | "checkpoint" | "random"
+    description: str
+
+    @property
+    def is_random(self) -> bool:
+        return self.source == "random"
+
+
+def convert_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF GPT-2 names and layouts -> roseinfer's (prefix dropped, Conv1D transposed)."""
+    out: dict[str, torch.Tensor] = {}
+    lm_head = None
+    for name, tensor in hf_state.items():
+        if name.startswith("transformer."):
+            name = name[len("transformer.") :]
+        if name == "lm_head.weight":
+            lm_head = tensor
+            continue
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name.endswith(_CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        out[name] = tensor.contiguous()
+    if lm_head is not None and "wte.weight" in out and not torch.equal(lm_head, out["wte.weight"]):
+        raise ValueError("this checkpoint's lm_head is not tied to wte; GPT-2 ties them")
+    if lm_head is not None and "wte.weight" not in out:
+        out["wte.weight"] = lm_head
+    expected = {f"h.{i}." for i in range(config.n_layer)}
+    present = {name[: name.index(".", 2) + 1] for name in out if name.startswith("h.")}
+    if present != expected:
+        raise ValueError(f"checkpoint layers {sorted(present)} do not match n_layer={config.n_layer}")
+    return out
+
+
+def _read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if (directory / "model.safetensors").is_file():
+        return load_file(str(directory / "model.safetensors"))
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            tensors.update(load_file(str(directory / shard)))
+        return tensors
+    if (directory / "pytorch_model.bin").is_file():
+        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"{directory}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+    )
+
+
+def load_hf_directory(directory: str | Path, source: str = "hf-directory") -> LoadedWeights:
+    directory = Path(directory)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory}: no config.json, so not a Hugging Face model directory")
+    hf_config = json.loads(config_file.read_text())
+    if hf_config.get("model_type", "gpt2") != "gpt2":
+        raise ValueError(f"{directory}: model_type {hf_config['model_type']!r} is not gpt2")
+    config = ModelConfig.from_hf_dict(hf_config)
+    state = convert_hf_state_dict(_read_hf_tensors(directory), config)
+    where = "local HF cache" if source == "hf-cache" else "HF checkpoint"
+    return LoadedWeights(config, state, source, f"{where} {directory}")
+
+
+def save_checkpoint(path: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> None:
+    """roseinfer's own checkpoint: one file with the architecture and the weights."""
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model_config": asdict(config),
+        "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
+    }
+    torch.save(payload, Path(path))
+
+
+def load_checkpoint(path: str | Path) -> LoadedWeights:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a roseinfer checkpoint (see roseinfer.model.loader.save_checkpoint)")
+    if payload.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"{path}: checkpoint version {payload.get('version')} is not {CHECKPOINT_VERSION}")
+    config = ModelConfig(**payload["model_config"])
+    return LoadedWeights(config, payload["state_dict"], "checkpoint", f"roseinfer checkpoint {path}")
+
+
+def find_in_hf_cache(repo_ids: tuple[str, ...]) -> Path | None:
+    """The cached snapshot of the first id present in the local HF cache, offline."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - transformers brings it
+        return None
+    for repo_id in repo_ids:
+        try:
+            return Path(snapshot_download(repo_id, local_files_only=True))
+        except Exception:  # not cached (or a malformed id): try the next one
+            continue
+    return None
+
+
+def random_weights(preset: str, seed: int) -> LoadedWeights:
+    from roseinfer.model.gpt2 import GPT2
+
+    config = PRESETS[preset]
+    with torch.device("meta"):
+        model = GPT2(config)
+    model = model.to_empty(device="cpu").init_random_(seed)
+    return LoadedWeights(
+        config,
+        model.state_dict(),
+        "random",
+        f"RANDOM weights: preset {preset!r} initialised with seed {seed} (no checkpoint found)",
+    )
+
+
+def load_weights(
+    name_or_path: str,
+    checkpoint_path: str | None = None,
+    hf_model_id: str | None = None,
+    seed: int = 0,
+) -> LoadedWeights:
+    path = Path(name_or_path)
+    if path.is_dir():
+        return load_hf_directory(path)
+    if checkpoint_path is not None:
+        return load_checkpoint(checkpoint_path)
+    if path.is_file():
+        return load_checkpoint(path)
+    repo_ids = (hf_model_id,) if hf_model_id else PRESET_HF_IDS.get(name_or_path, ())
+    if not repo_ids and "/" in name_or_path:
+        repo_ids = (name_or_path,)
+    cached = find_in_hf_cache(repo_ids) if repo_ids else None
+    if cached is not None:
+        return load_hf_directory(cached, source="hf-cache")
+    if hf_model_id:
+        raise FileNotFoundError(f"{hf_model_id!r} is not in the local Hugging Face cache (no downloads)")
+    if name_or_path in PRESETS:
+        return random_weights(name_or_path, seed)
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a local directory or file, not in the local HF cache, "
+        f"and not a preset ({', '.join(PRESETS)})"
+    )

@@ -1,0 +1,162 @@
+"""`python -m roseinfer.server`: the OpenAI-compatible server.
+
+    python -m roseinfer.server                      # embedded gpt2 on 127.0.0.1:8000
+    python -m roseinfer.server --model /path/to/hf-gpt2 --device cuda --port 8080
+    ROSEINFER_API_KEY=secret python -m roseinfer.server --host 0.0.0.0
+
+SIGTERM (or Ctrl-C) stops accepting requests, ends every open stream with an
+error event, and exits 0 within a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from roseinfer.engine.engine import InferenceEngine
+from roseinfer.history import MANAGER_VARIANTS, make_manager
+from roseinfer.server.api import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+from roseinfer.server.metrics import ServerMetrics
+from roseinfer.tokenizer import ChatFormatter
+
+logger = logging.getLogger("roseinfer.server")
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m roseinfer.server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model",
+        default="gpt2",
+        help="preset, local HF directory, or HF id in the local cache (default: gpt2)",
+    )
+    m.add_argument(
+        "--served-model-name", default=None, help="the name clients pass as 'model' (default: --model)"
+    )
+    m.add_argument("--checkpoint-path", default=None, help="a roseinfer checkpoint file")
+    m.add_argument(
+        "--hf-model-id", default=None, help="look this id up in the local HF cache (never downloads)"
+    )
+    m.add_argument(
+        "--tokenizer-name", default=None, help="a local tokenizer directory (default: embedded GPT-2 BPE)"
+    )
+    m.add_argument("--device", default="cpu")
+    m.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)"
+    )
+    m.add_argument(
+        "--seed", type=int, default=0, help="seed of the random weights when no checkpoint is found"
+    )
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-batch-size", type=int, default=64)
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from memory)"
+    )
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--stream-interval", type=int, default=1, help="flush streamed text every N tokens")
+    e.add_argument("--max-inflight-requests", type=int, default=1024, help="beyond this, HTTP 429")
+    e.add_argument(
+        "--manager-variant",
+        default="current",
+        choices=sorted(MANAGER_VARIANTS),
+        help="an earlier manager from roseinfer.history (for comparisons)",
+    )
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set ROSEINFER_API_KEY)"
+    )
+    s.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template file (default: roseinfer's GPT-2 format)"
+    )
+    s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
+    s.add_argument("--log-level", default="info")
+    return p
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    engine = InferenceEngine.from_pretrained(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        checkpoint_path=args.checkpoint_path,
+        hf_model_id=args.hf_model_id,
+        tokenizer_name=args.tokenizer_name,
+        num_kv_blocks=args.num_kv_blocks,
+        block_size=args.block_size,
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_cache=not args.no_prefix_cache,
+    )
+    metrics = ServerMetrics()
+    manager = make_manager(
+        args.manager_variant,
+        engine,
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_cache=not args.no_prefix_cache,
+        stream_interval=args.stream_interval,
+        max_inflight_requests=args.max_inflight_requests,
+        on_finished=metrics.on_finished,
+    )
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or args.model,
+        api_key=args.api_key or os.environ.get("ROSEINFER_API_KEY") or None,
+        chat=ChatFormatter.from_file(args.chat_template) if args.chat_template else ChatFormatter(),
+        max_request_bytes=args.max_request_bytes,
+    )
+    logger.info(
+        "roseinfer: serving %r (%s manager) on http://%s:%d%s",
+        settings.served_model_name,
+        manager.variant,
+        args.host,
+        args.port,
+        " with an API key" if settings.api_key else "",
+    )
+    return create_app(manager, settings, metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    app = build_app(args)
+    manager = app.state.manager
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # End open streams first, so that uvicorn's graceful shutdown has
+            # nothing to wait for; then let uvicorn stop accepting and exit.
+            logger.info("roseinfer: signal %d, shutting down", sig)
+            manager.close(timeout=2.0)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    Server(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

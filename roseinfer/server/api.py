@@ -1,0 +1,490 @@
+"""The HTTP API: OpenAI-compatible completions and chat, /generate, health, models, metrics.
+
+    app = create_app(manager, served_model_name="gpt2")
+
+Every error has OpenAI's shape, `{"error": {"message", "type", "param",
+"code"}}`, with the right status: 400 for a bad body or field, 401 for a
+missing or wrong API key, 404 for an unknown model, 413 for a body over the
+limit, 429 when too many requests are in flight, 503 when the engine cannot
+serve. A client that disconnects has its requests aborted and their KV blocks
+freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from roseinfer.engine.sequence import InvalidRequestError
+from roseinfer.sampling import SamplingParams
+from roseinfer.server.manager import EngineDeadError, OverloadedError, StreamingFrontend
+from roseinfer.server.metrics import ServerMetrics
+from roseinfer.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    SamplingFields,
+    UnsupportedFieldError,
+    error_body,
+    usage,
+)
+from roseinfer.server.streams import RequestStream, StreamClosedError, StreamEnd
+from roseinfer.tokenizer import ChatFormatter
+
+logger = logging.getLogger("roseinfer.server")
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        type_ = _ERROR_TYPES.get(self.status, "server_error")
+        return JSONResponse(error_body(self.message, type_, self.param, self.code), status_code=self.status)
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str = "gpt2"
+    api_key: str | None = None
+    chat: ChatFormatter | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+# -- plumbing ------------------------------------------------------------------------------
+class BodySizeLimit:
+    """Refuse bodies over the limit with 413, by Content-Length or while reading."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            response = APIError(
+                413, f"request body of {int(declared)} bytes is over the {self.max_bytes}-byte limit"
+            ).response()
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise StarletteHTTPException(413, f"request body is over the {self.max_bytes}-byte limit")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _submit_error(exc: Exception) -> APIError:
+    if isinstance(exc, (InvalidRequestError, UnsupportedFieldError)):
+        return APIError(400, str(exc), getattr(exc, "param", None))
+    if isinstance(exc, OverloadedError):
+        return APIError(429, f"the server is overloaded: {exc}; retry later")
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc))
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc))
+    raise exc
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any], on_disconnect) -> Any:
+    """Run `work`; if the client goes away first, cancel it and call on_disconnect()."""
+    work_task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work_task in done:
+            return work_task.result()
+        work_task.cancel()
+        on_disconnect()
+        raise APIError(499, "client disconnected")
+    finally:
+        watcher.cancel()
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, str | StreamEnd]]:
+    """(choice index, text piece or StreamEnd) from every stream, as they come.
+
+    Callers iterate it inside `aclosing`, so that the pump tasks of a request
+    whose client went away are cancelled at once, not when the GC gets to them.
+    """
+    if len(streams) == 1:
+        async for piece in streams[0]:
+            yield 0, piece
+        yield 0, streams[0].end
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for piece in stream:
+                await queue.put((i, piece))
+            await queue.put((i, stream.end))
+        except StreamClosedError as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for _ in range(len(streams)):
+            while True:
+                i, item = await queue.get()
+                if isinstance(item, StreamClosedError):
+                    raise item
+                yield i, item
+                if isinstance(item, StreamEnd):
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    data = (
+        payload
+        if isinstance(payload, str)
+        else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    )
+    return f"data: {data}\n\n"
+
+
+# -- the app -------------------------------------------------------------------------------
+def create_app(
+    manager: StreamingFrontend,
+    settings: ServerSettings | None = None,
+    metrics: ServerMetrics | None = None,
+) -> FastAPI:
+    settings = settings or ServerSettings()
+    chat = settings.chat or ChatFormatter()
+    engine = manager.engine
+    if metrics is None:
+        metrics = ServerMetrics(manager.stats)
+    metrics.bind(manager.stats)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        manager.close()
+
+    app = FastAPI(title="roseinfer", version="0.1.0", lifespan=lifespan)
+    app.state.manager, app.state.settings, app.state.metrics = manager, settings, metrics
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            message = f"malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse')}"
+            return APIError(400, message).response()
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return APIError(400, message, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error", exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {exc!r}", "server_error"), status_code=500)
+
+    def check_api_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        expected = settings.api_key.encode()
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected):
+            raise APIError(
+                401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
+
+    def check_model(req: SamplingFields) -> None:
+        if req.model != settings.served_model_name:
+            raise APIError(
+                404,
+                f"the model '{req.model}' does not exist; this server serves '{settings.served_model_name}'",
+                "model",
+                "model_not_found",
+            )
+        try:
+            req.check_supported()
+        except UnsupportedFieldError as exc:
+            raise _submit_error(exc) from exc
+
+    def submit_all(requests: list[tuple[str | list[int], SamplingParams]]) -> list[RequestStream]:
+        loop = asyncio.get_running_loop()
+        streams: list[RequestStream] = []
+        try:
+            for prompt, params in requests:
+                kwargs = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+                streams.append(manager.submit(**kwargs, params=params, loop=loop))
+        except Exception as exc:
+            for s in streams:
+                manager.abort(s.request_id)
+            raise _submit_error(exc) from exc
+        return streams
+
+    async def collect(streams: list[RequestStream]) -> list[tuple[str, StreamEnd]]:
+        texts = [[] for _ in streams]
+        ends: list[StreamEnd | None] = [None] * len(streams)
+        try:
+            async with aclosing(_merge(streams)) as merged:
+                async for i, item in merged:
+                    if isinstance(item, StreamEnd):
+                        ends[i] = item
+                    else:
+                        texts[i].append(item)
+        except StreamClosedError as exc:
+            raise APIError(503, f"generation failed: {exc}") from exc
+        return [("".join(t), e) for t, e in zip(texts, ends)]
+
+    def abort_all(streams: list[RequestStream]):
+        return lambda: [manager.abort(s.request_id) for s in streams]
+
+    open_routes = APIRouter()
+    keyed_routes = APIRouter(dependencies=[Depends(check_api_key)])
+
+    @open_routes.get("/health")
+    async def health() -> Response:
+        if not manager.healthy:
+            reason = manager.error or "the server is shutting down"
+            return APIError(503, f"unhealthy: {reason!r}").response()
+        return JSONResponse({"status": "ok"})
+
+    @open_routes.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @keyed_routes.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "roseinfer",
+                    "root": engine.weights.description,
+                    "max_model_len": engine.max_model_len,
+                    "roseinfer": engine.describe(),
+                }
+            ],
+        }
+
+    @keyed_routes.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        check_model(req)
+        try:
+            params = req.sampling_params(req.max_tokens or 16)
+        except ValueError as exc:
+            raise _submit_error(exc) from exc
+        streams = submit_all([(p, params) for p in req.prompts()])
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+        if req.stream:
+            return StreamingResponse(
+                _completion_events(base, streams, req.include_usage, abort_all(streams)),
+                media_type="text/event-stream",
+            )
+        results = await _until_disconnect(request, collect(streams), abort_all(streams))
+        choices = [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": end.finish_reason}
+            for i, (text, end) in enumerate(results)
+        ]
+        return JSONResponse({**base, "choices": choices, "usage": _total_usage(e for _, e in results)})
+
+    @keyed_routes.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        check_model(req)
+        messages = [{"role": m.role, "content": m.text(), "name": m.name} for m in req.messages]
+        try:
+            prompt_ids = engine.tokenizer.encode(chat.render(messages))
+        except Exception as exc:
+            raise APIError(400, f"the chat template failed on these messages: {exc}", "messages") from exc
+        room = engine.max_model_len - len(prompt_ids)
+        max_tokens = req.requested_max_tokens()
+        if max_tokens is None:
+            if room < 1:
+                raise APIError(
+                    400,
+                    f"the conversation has {len(prompt_ids)} tokens, which fills the model's "
+                    f"context of {engine.max_model_len} tokens",
+                    "messages",
+                )
+            max_tokens = room
+        try:
+            params = req.sampling_params(max_tokens)
+        except ValueError as exc:
+            raise _submit_error(exc) from exc
+        streams = submit_all([(prompt_ids, params)])
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
+        if req.stream:
+            return StreamingResponse(
+                _chat_events(base, streams, req.include_usage, abort_all(streams)),
+                media_type="text/event-stream",
+            )
+        [(text, end)] = await _until_disconnect(request, collect(streams), abort_all(streams))
+        return JSONResponse(
+            {
+                **base,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": end.finish_reason,
+                    }
+                ],
+                "usage": usage(end.prompt_tokens, end.completion_tokens),
+            }
+        )
+
+    @keyed_routes.post("/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        try:
+            params = req.sampling_params()
+        except ValueError as exc:
+            raise _submit_error(exc) from exc
+        streams = submit_all([(req.prompt, params)])
+        if req.stream:
+            return StreamingResponse(
+                _text_chunks(streams[0], abort_all(streams)), media_type="text/plain; charset=utf-8"
+            )
+        [(text, end)] = await _until_disconnect(request, collect(streams), abort_all(streams))
+        return JSONResponse(
+            {
+                "text": text,
+                "finish_reason": end.finish_reason,
+                "usage": usage(end.prompt_tokens, end.completion_tokens),
+                "model": settings.served_model_name,
+            }
+        )
+
+    app.include_router(open_routes)
+    app.include_router(keyed_routes)
+    return app
+
+
+def _total_usage(ends) -> dict[str, int]:
+    ends = list(ends)
+    return usage(sum(e.prompt_tokens for e in ends), sum(e.completion_tokens for e in ends))
+
+
+def _error_event(exc: Exception) -> str:
+    return _sse(error_body(f"generation failed: {exc}", "service_unavailable_error", code=503))
+
+
+async def _completion_events(base, streams, include_usage, abort) -> AsyncIterator[str]:
+    extra = {"usage": None} if include_usage else {}
+    ends: list[StreamEnd] = []
+    finished = False
+    try:
+        async with aclosing(_merge(streams)) as merged:
+            async for i, item in merged:
+                if isinstance(item, StreamEnd):
+                    ends.append(item)
+                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": item.finish_reason}
+                else:
+                    choice = {"index": i, "text": item, "logprobs": None, "finish_reason": None}
+                yield _sse({**base, "choices": [choice], **extra})
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _total_usage(ends)})
+        finished = True
+    except StreamClosedError as exc:
+        yield _error_event(exc)
+        finished = True
+    finally:
+        if not finished:  # the client went away mid-stream
+            abort()
+    yield _sse("[DONE]")
+
+
+async def _chat_events(base, streams, include_usage, abort) -> AsyncIterator[str]:
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, str], finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _sse({**base, "choices": [choice], **extra})
+
+    finished = False
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async with aclosing(_merge(streams)) as merged:
+            async for _, item in merged:
+                if isinstance(item, StreamEnd):
+                    yield chunk({}, item.finish_reason)
+                    if include_usage:
+                        yield _sse(
+                            {
+                                **base,
+                                "choices": [],
+                                "usage": usage(item.prompt_tokens, item.completion_tokens),
+                            }
+                        )
+                else:
+                    yield chunk({"content": item})
+        finished = True
+    except StreamClosedError as exc:
+        yield _error_event(exc)
+        finished = True
+    finally:
+        if not finished:
+            abort()
+    yield _sse("[DONE]")
+
+
+async def _text_chunks(stream: RequestStream, abort) -> AsyncIterator[str]:
+    finished = False
+    try:
+        async for piece in stream:
+            yield piece
+        finished = True
+    except StreamClosedError:
+        finished = True  # a plain-text stream can only end; the client sees it cut short
+    finally:
+        if not finished:
+            abort()

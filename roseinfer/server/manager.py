@@ -1,0 +1,345 @@
+"""SchedulerManager: one worker thread drives an OnlineScheduler for many streams.
+
+    manager = SchedulerManager(engine, stream_interval=4)
+    rid = manager.add_request(prompt="Hello", params=SamplingParams(max_new_tokens=32))
+    for piece in manager.stream_text(rid):
+        print(piece, end="")
+
+Threads:
+- Callers (HTTP handlers) tokenize and validate in their own thread, outside
+  the lock; then, under the lock, they queue the request with its
+  RequestStream; then they set the wake-up event.
+- The worker is the only thread that touches the scheduler. When it has
+  nothing to do it clears the event *under the lock* and then waits on it,
+  so a request queued between its check and its wait still wakes it: no
+  polling and no lost wake-up. When it has work it steps the scheduler, takes
+  the lock once to fetch the stream of every request that got a token or
+  finished, and detokenizes and delivers outside the lock.
+
+The scheduler is used only through its public methods. The seams
+`_wait_for_work`, `_collect_step_records` and `_pop_finished` are what the
+earlier versions in roseinfer.history override.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from roseinfer.engine.engine import InferenceEngine
+from roseinfer.engine.scheduler import OnlineScheduler
+from roseinfer.engine.sequence import RequestMetrics
+from roseinfer.sampling import SamplingParams
+from roseinfer.server.streams import RequestStream, RequestTimings
+
+logger = logging.getLogger("roseinfer.server")
+
+FinishedCallback = Callable[[RequestStream, RequestMetrics], object]
+
+
+class OverloadedError(RuntimeError):
+    """Too many requests in flight (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The worker has failed or the server is shutting down (HTTP 503)."""
+
+
+class StreamingFrontend:
+    """What every manager variant shares: validation, admission limits, stream registry.
+
+    Subclasses decide how a queued request gets generated (`_enqueue_locked`,
+    `_after_enqueue`) and aborted (`_abort_locked`).
+    """
+
+    variant = "base"
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        scheduler: OnlineScheduler,
+        stream_interval: int,
+        max_inflight_requests: int | None,
+        on_finished: FinishedCallback | None,
+    ) -> None:
+        self.engine = engine
+        self.stream_interval = stream_interval
+        self.max_inflight_requests = max_inflight_requests
+        self._on_finished = on_finished  # e.g. Prometheus histograms
+        self._scheduler = scheduler
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._streams: dict[int, RequestStream] = {}  # requests not finished yet
+        self._channels: dict[int, RequestStream] = {}  # streams not fully read yet
+        self._stopping = False
+        self._error: BaseException | None = None
+
+    def submit(
+        self,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> RequestStream:
+        """Queue a request; returns its stream. Pass `loop` to read it with `async for`."""
+        params = params or SamplingParams()
+        timings = RequestTimings(submit=time.perf_counter())
+        # Tokenize and validate in the caller's thread, outside the lock.
+        token_ids = self._scheduler.validate_request(prompt, prompt_token_ids, params)
+        timings.tokenized = time.perf_counter()
+        with self._lock:
+            if self._error is not None:
+                raise EngineDeadError(f"the engine worker failed: {self._error!r}")
+            if self._stopping:
+                raise EngineDeadError("the server is shutting down")
+            if self.max_inflight_requests is not None and len(self._streams) >= self.max_inflight_requests:
+                raise OverloadedError(
+                    f"{len(self._streams)} requests in flight, the limit is {self.max_inflight_requests}"
+                )
+            rid = next(self._ids)
+            stream = RequestStream(
+                rid,
+                token_ids,
+                params,
+                self.engine.tokenizer,
+                self.engine.eos_token_id,
+                self.stream_interval,
+                timings,
+                loop,
+                on_consumed=lambda: self._channels.pop(rid, None),
+            )
+            self._streams[rid] = self._channels[rid] = stream
+            self._enqueue_locked(stream)
+            timings.queued = time.perf_counter()
+        self._after_enqueue(stream)
+        return stream
+
+    def add_request(self, prompt=None, prompt_token_ids=None, params=None, loop=None) -> int:
+        """Queue a request; returns its id (read it with `stream_text(id)`)."""
+        return self.submit(prompt, prompt_token_ids, params, loop).request_id
+
+    def stream(self, request_id: int) -> RequestStream:
+        stream = self._channels.get(request_id)
+        if stream is None:
+            raise KeyError(f"no open stream for request {request_id}")
+        return stream
+
+    def stream_text(self, request_id: int) -> Iterator[str]:
+        """Text pieces as they are flushed; raises StreamClosedError if the request fails."""
+        return iter(self.stream(request_id))
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request whose client went away; its KV blocks are freed."""
+        with self._lock:
+            self._channels.pop(request_id, None)
+            if self._streams.pop(request_id, None) is None:
+                return
+            self._abort_locked(request_id)
+        self._after_abort()
+
+    def _end_all_streams(self, message: str) -> None:
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            stream.fail(message)
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def _finished(
+        self, stream: RequestStream, finish_reason: str, metrics: RequestMetrics, now: float
+    ) -> None:
+        stream.timings.scheduled = metrics.first_scheduled_time
+        stream.on_finish(finish_reason, now)
+        if self._on_finished is not None:
+            self._on_finished(stream, metrics)
+
+    # Hooks for the subclasses.
+    def _enqueue_locked(self, stream: RequestStream) -> None:
+        raise NotImplementedError
+
+    def _after_enqueue(self, stream: RequestStream) -> None:
+        raise NotImplementedError
+
+    def _abort_locked(self, request_id: int) -> None:
+        raise NotImplementedError
+
+    def _after_abort(self) -> None:
+        pass
+
+
+@dataclass
+class StepRecord:
+    """What the worker needs, outside the lock, to deliver one request's step."""
+
+    stream: RequestStream
+    token: int | None
+    finished: bool
+
+
+class SchedulerManager(StreamingFrontend):
+    variant = "current"
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        *,
+        max_batch_size: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_cache: bool | None = None,
+        stream_interval: int = 1,
+        max_inflight_requests: int | None = None,
+        on_finished: FinishedCallback | None = None,
+    ) -> None:
+        scheduler = OnlineScheduler(
+            engine,
+            max_batch_size=max_batch_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_cache=enable_prefix_cache,
+        )
+        super().__init__(engine, scheduler, stream_interval, max_inflight_requests, on_finished)
+        self._wakeup = threading.Event()
+        self._pending: list[RequestStream] = []  # queued by callers, not yet in the scheduler
+        self._aborts: list[int] = []  # aborted after reaching the scheduler
+        self._stats: dict[str, Any] = self._scheduler_stats()
+        self.num_idle_wakeups = 0  # how often the idle worker woke up (notebook 05 counts them)
+        self._worker = threading.Thread(target=self._worker_loop, name="roseinfer-worker", daemon=True)
+        self._worker.start()
+
+    # -- callers ----------------------------------------------------------------------
+    def _enqueue_locked(self, stream: RequestStream) -> None:
+        self._pending.append(stream)
+
+    def _after_enqueue(self, stream: RequestStream) -> None:
+        self._wakeup.set()
+
+    def _abort_locked(self, request_id: int) -> None:
+        before = len(self._pending)
+        self._pending = [s for s in self._pending if s.request_id != request_id]
+        if len(self._pending) == before:  # already in the scheduler: the worker discards it
+            self._aborts.append(request_id)
+
+    def _after_abort(self) -> None:
+        self._wakeup.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the worker, end every open stream, join."""
+        with self._lock:
+            self._stopping = True
+            self._pending.clear()
+        self._wakeup.set()
+        if self._worker is not threading.current_thread():
+            self._worker.join(timeout)
+        self._end_all_streams("the server is shutting down")
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None and self._worker.is_alive()
+
+    def stats(self) -> dict[str, Any]:
+        """Scheduler and KV-pool counters as of the last step (safe from any thread)."""
+        stats = self._stats
+        waiting = stats["num_waiting"] + len(self._pending)  # queued, not yet handed to the scheduler
+        return {**stats, "num_waiting": waiting, "inflight_requests": len(self._streams)}
+
+    # -- worker ---------------------------------------------------------------------
+    def _worker_loop(self) -> None:
+        try:
+            while self._take_new_work():
+                if not self._scheduler.has_unfinished():
+                    self._idle()
+                    continue
+                step_tokens = self._scheduler.step()
+                finished = self._scheduler.pop_finished_ids()
+                self._publish_stats()
+                self._deliver(self._collect_step_records(step_tokens, finished), finished)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _take_new_work(self) -> bool:
+        """Move queued requests and aborts into the scheduler; False once stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            pending, self._pending = self._pending, []
+            aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            self._scheduler.discard_request(rid)
+        for s in pending:
+            self._scheduler.add_request(
+                prompt_token_ids=s.prompt_token_ids, params=s.params, request_id=s.request_id
+            )
+        if aborts:
+            self._publish_stats()
+        return True
+
+    def _idle(self) -> None:
+        with self._lock:
+            if self._pending or self._aborts or self._stopping:
+                return
+            # Cleared under the lock: add_request queues under this lock and sets
+            # the event after releasing it, so its set() cannot precede this clear().
+            self._wakeup.clear()
+        self._wait_for_work()
+        self.num_idle_wakeups += 1
+
+    def _wait_for_work(self) -> None:
+        self._wakeup.wait()
+
+    def _collect_step_records(self, step_tokens: dict[int, int], finished: list[int]) -> list[StepRecord]:
+        """One lock acquisition for the whole step: the stream of every request with news."""
+        done = set(finished)
+        records = []
+        with self._lock:
+            for rid in step_tokens.keys() | done:
+                stream = self._streams.pop(rid, None) if rid in done else self._streams.get(rid)
+                if stream is not None:  # None: aborted meanwhile
+                    records.append(StepRecord(stream, step_tokens.get(rid), rid in done))
+        return records
+
+    def _deliver(self, records: list[StepRecord], finished: list[int]) -> None:
+        """Detokenize and hand over, outside the lock."""
+        now = time.perf_counter()
+        outcomes = {rid: self._pop_finished(rid) for rid in finished}
+        for record in records:
+            if record.token is not None:
+                record.stream.on_token(record.token, now)
+            if record.finished:
+                self._finished(record.stream, *outcomes[record.stream.request_id], now)
+
+    def _pop_finished(self, request_id: int) -> tuple[str, RequestMetrics]:
+        """Take a finished request out of the scheduler, through its public accessor."""
+        out = self._scheduler.pop_response(request_id)
+        return out.finish_reason, out.metrics
+
+    def _scheduler_stats(self) -> dict[str, Any]:
+        kv = self._scheduler.kv_stats()
+        return {
+            "num_running": self._scheduler.num_running(),
+            "num_waiting": self._scheduler.num_waiting(),
+            "kv_cache_usage": kv["used_blocks"] / kv["total_blocks"],
+            **kv,
+        }
+
+    def _publish_stats(self) -> None:
+        # Swapping one reference is atomic: readers see the old dict or the new one.
+        self._stats = self._scheduler_stats()
+
+    def _fail(self, exc: BaseException) -> None:
+        logger.exception("roseinfer worker failed; every open stream ends with an error", exc_info=exc)
+        with self._lock:
+            self._error = exc
+            self._pending.clear()
+        self._end_all_streams(f"the engine worker failed: {exc!r}")

@@ -1,0 +1,199 @@
+"""Request and response bodies: OpenAI completions and chat, and roseinfer's /generate.
+
+Unknown fields are refused (400 naming the field) rather than silently
+ignored. OpenAI fields that roseinfer does not implement are accepted only at
+their neutral value (n=1, logprobs off, no penalties...), so a client that
+relies on one learns it at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from roseinfer.sampling import SamplingParams
+
+
+class UnsupportedFieldError(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+# What the OpenAI fields roseinfer does not implement must be left at.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False),
+}
+
+
+class SamplingFields(StrictModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # roseinfer/vLLM extension; -1 or 0: off
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM extension, used by load generators
+    user: str | None = None  # an end-user id; recorded by nobody, accepted for compatibility
+    # Accepted only at their neutral value:
+    n: int | None = None
+    best_of: int | None = None
+    logprobs: int | bool | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def check_supported(self) -> None:
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(self, name, None)
+            # Compare types too: 0 == False in Python, but logprobs=0 asks for something.
+            if not any(type(value) is type(v) and value == v for v in neutral):
+                raise UnsupportedFieldError(
+                    name, f"'{name}' = {value!r} is not supported by roseinfer (only {neutral[-1]!r})"
+                )
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedFieldError(
+                "stream_options", "stream_options is only allowed when stream is true"
+            )
+
+    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4:
+            raise UnsupportedFieldError("stop", "at most 4 stop sequences are allowed")
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(0, self.top_k or 0),
+            seed=self.seed,
+            stop_on_eos=not self.ignore_eos,
+            stop=stop,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise UnsupportedFieldError("prompt", "prompt must not be empty")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
+            return list(p)
+        raise UnsupportedFieldError("prompt", "prompt must be a string, a list of strings, or token ids")
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class GenerateRequest(StrictModel):
+    """roseinfer's own simple endpoint (HF-style field names)."""
+
+    prompt: str = Field(min_length=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_k: int = Field(default=0, ge=0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop_on_eos: bool = True
+    do_sample: bool = False  # False: greedy, whatever the temperature
+    seed: int | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature if self.do_sample else 0.0,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop_on_eos=self.stop_on_eos,
+            stop=list(self.stop or []),
+        )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,74 @@
+"""Shared fixtures: a small GPT-2 in Hugging Face format, and engines over it.
+
+Standard GPT-2 initialisation makes a random model repeat one token forever,
+which would make "same tokens" tests pass trivially. The tiny reference model
+here has its projections scaled up so that greedy decoding wanders through the
+vocabulary, and HF `GPT2LMHeadModel` on the very same weights is the oracle.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from roseinfer import InferenceEngine
+
+TINY_HF_CONFIG = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)
+PROJECTION_SCALE = 5.0
+
+
+def build_hf_tiny(seed: int = 0, **overrides):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**{**TINY_HF_CONFIG, **overrides})).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".c_" in name and name.endswith("weight"):
+                param.mul_(PROJECTION_SCALE)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hf-tiny")
+    build_hf_tiny().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_model(hf_tiny_dir):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(hf_tiny_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def engine(hf_tiny_dir) -> InferenceEngine:
+    return InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=256)
+
+
+@pytest.fixture
+def make_engine(hf_tiny_dir):
+    def make(**config) -> InferenceEngine:
+        return InferenceEngine.from_pretrained(str(hf_tiny_dir), **config)
+
+    return make
+
+
+def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding by full recomputation with HF: the simplest possible oracle."""
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = hf_model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt_ids) :]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs(caplog):
+    caplog.set_level(logging.INFO, logger="roseinfer")
