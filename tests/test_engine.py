@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
-from conftest import hf_greedy
 
+from conftest import hf_greedy
 from roseinfer import InferenceEngine, InvalidRequestError, SamplingParams
 
 PROMPTS = [

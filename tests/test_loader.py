@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import build_hf_tiny, hf_greedy
 
+from conftest import build_hf_tiny, hf_greedy
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.model.loader import load_weights
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy
 
+from conftest import hf_greedy
 from roseinfer import SamplingParams
 from roseinfer.engine.runner import BatchEntry
 

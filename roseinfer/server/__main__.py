@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level.lower(),
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    # uvicorn re-raises the signal it stopped for once it has shut down; with
+    # this handler in place, a SIGTERM that was handled cleanly exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     Server(config).run()
     return 0
 

@@ -208,16 +208,31 @@ def create_app(
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(UnsupportedFieldError)
+    @app.exception_handler(InvalidRequestError)
+    async def _bad_field(_request: Request, exc: ValueError) -> JSONResponse:
+        return _submit_error(exc).response()
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        errors = exc.errors()
+        first = errors[0]
         if first.get("type") == "json_invalid":
             message = f"malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse')}"
             return APIError(400, message).response()
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return APIError(400, message, param).response()
+        # A value that matches no member of a union fails once per member, each
+        # loc ending in the member's name: the field is their common prefix.
+        locs = [[str(x) for x in e.get("loc", ()) if x != "body"] for e in errors]
+        locs = [loc for loc in locs if loc[:1] == locs[0][:1]]
+        prefix = locs[0]
+        for loc in locs[1:]:
+            n = 0
+            while n < min(len(prefix), len(loc)) and prefix[n] == loc[n]:
+                n += 1
+            prefix = prefix[:n]
+        param = ".".join(prefix) or None
+        reasons = "; ".join(dict.fromkeys(str(e.get("msg")) for e in errors[: len(locs)]))
+        return APIError(400, f"{param}: {reasons}" if param else reasons, param).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -247,10 +262,7 @@ def create_app(
                 "model",
                 "model_not_found",
             )
-        try:
-            req.check_supported()
-        except UnsupportedFieldError as exc:
-            raise _submit_error(exc) from exc
+        req.check_supported()
 
     def submit_all(requests: list[tuple[str | list[int], SamplingParams]]) -> list[RequestStream]:
         loop = asyncio.get_running_loop()

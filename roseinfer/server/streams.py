@@ -129,8 +129,12 @@ class RequestStream:
         return item
 
     def __iter__(self) -> Iterator[str]:
+        return self.pieces()
+
+    def pieces(self, timeout: float | None = None) -> Iterator[str]:
+        """Text pieces until the end; `timeout` bounds each wait (queue.Empty past it)."""
         while self.end is None:
-            piece = self._take(self._queue.get())
+            piece = self._take(self._queue.get(timeout=timeout))
             if piece is not None:
                 yield piece
 

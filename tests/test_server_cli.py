@@ -1,0 +1,166 @@
+"""`python -m roseinfer.server`: every flag does something, and SIGTERM shuts down cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from live_server import free_port
+from roseinfer.server.__main__ import build_app, build_parser
+
+
+def app_for(*argv: str):
+    return build_app(build_parser().parse_args(list(argv)))
+
+
+def test_engine_and_model_flags(hf_tiny_dir, tmp_path):
+    app = app_for(
+        "--model",
+        str(hf_tiny_dir),
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "--num-kv-blocks",
+        "77",
+        "--block-size",
+        "8",
+        "--max-batch-size",
+        "5",
+        "--max-num-batched-tokens",
+        "99",
+        "--no-prefix-cache",
+        "--stream-interval",
+        "4",
+        "--max-inflight-requests",
+        "3",
+        "--served-model-name",
+        "mine",
+    )
+    manager, settings = app.state.manager, app.state.settings
+    engine = manager.engine
+    try:
+        assert engine.weights.source == "hf-directory"
+        assert engine.dtype == torch.bfloat16 and engine.device.type == "cpu"
+        assert engine.num_kv_blocks == 77 and engine.config.block_size == 8
+        assert manager._scheduler.max_batch_size == 5
+        assert manager._scheduler.max_num_batched_tokens == 99
+        assert manager._scheduler.enable_prefix_cache is False
+        assert manager.stream_interval == 4 and manager.max_inflight_requests == 3
+        assert settings.served_model_name == "mine"
+    finally:
+        manager.close()
+    with pytest.raises(RuntimeError):
+        app_for("--model", "gpt2-tiny", "--device", "nonsense-device")
+
+
+def test_weights_flags(hf_tiny_dir, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from roseinfer import InferenceEngine
+
+    checkpoint = tmp_path / "w.pt"
+    InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=16).save_checkpoint(checkpoint)
+    app = app_for("--checkpoint-path", str(checkpoint), "--num-kv-blocks", "16")
+    assert app.state.manager.engine.weights.source == "checkpoint"
+    app.state.manager.close()
+    app = app_for("--model", "gpt2-tiny", "--seed", "7", "--num-kv-blocks", "16")
+    other = app_for("--model", "gpt2-tiny", "--seed", "8", "--num-kv-blocks", "16")
+    w7 = app.state.manager.engine.runner.model.wte.weight
+    w8 = other.state.manager.engine.runner.model.wte.weight
+    assert "seed 7" in app.state.manager.engine.weights.description and not torch.equal(w7, w8)
+    for a in (app, other):
+        a.state.manager.close()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    with pytest.raises(FileNotFoundError, match="local Hugging Face cache"):
+        app_for("--hf-model-id", "nobody/nothing")
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        app_for("--model", "gpt2-tiny", "--tokenizer-name", str(tmp_path / "no-tokenizer"))
+
+
+def test_api_key_chat_template_and_variant_flags(tmp_path, monkeypatch):
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
+    app = app_for(
+        "--model",
+        "gpt2-tiny",
+        "--num-kv-blocks",
+        "16",
+        "--api-key",
+        "k1",
+        "--chat-template",
+        str(template),
+        "--manager-variant",
+        "polling",
+        "--max-request-bytes",
+        "1234",
+    )
+    try:
+        s = app.state.settings
+        assert s.api_key == "k1" and s.max_request_bytes == 1234
+        assert s.chat.render([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+        assert app.state.manager.variant == "polling"
+    finally:
+        app.state.manager.close()
+    monkeypatch.setenv("ROSEINFER_API_KEY", "from-env")
+    app = app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16")
+    assert app.state.settings.api_key == "from-env"
+    app.state.manager.close()
+
+
+def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "roseinfer.server", "--host", "127.0.0.1", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stdout.read())
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not come up")
+
+
+def test_sigterm_ends_streams_and_exits_zero():
+    # gpt2 (124M) on CPU is slow enough that the stream is still running at SIGTERM.
+    proc, base = _start_server("--model", "gpt2", "--num-kv-blocks", "64", "--log-level", "warning")
+    try:
+        body = {"model": "gpt2", "prompt": "Hello", "max_tokens": 500, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            assert first.startswith("data: ")
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert "shutting down" in json.loads(rest[-2][len("data: ") :])["error"]["message"]
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - sent < 10
+        with pytest.raises(httpx.TransportError):
+            httpx.get(base + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_server_binds_to_localhost_by_default():
+    assert build_parser().parse_args([]).host == "127.0.0.1"
