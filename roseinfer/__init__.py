@@ -3,7 +3,8 @@
 from roseinfer.config import PRESETS, EngineConfig, ModelConfig
 from roseinfer.engine.engine import InferenceEngine
 from roseinfer.engine.scheduler import OnlineScheduler
-from roseinfer.engine.sequence import GenerationOutput, InvalidRequestError
+from roseinfer.engine.sequence import GenerationOutput
+from roseinfer.errors import InvalidRequestError
 from roseinfer.sampling import SamplingParams
 
 __version__ = "0.1.0"

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from roseinfer.errors import InvalidRequestError
+
 
 @dataclass
 class SamplingParams:
@@ -29,15 +31,19 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+            raise InvalidRequestError(
+                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}", "max_tokens"
+            )
         if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}", "temperature")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+            raise InvalidRequestError(
+                f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}", "top_k"
+            )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
+            raise InvalidRequestError("stop strings must be non-empty strings", "stop")
 
     @property
     def greedy(self) -> bool:

@@ -31,11 +31,11 @@ from roseinfer.engine.block_manager import blocks_for, chain_hash
 from roseinfer.engine.runner import BatchEntry
 from roseinfer.engine.sequence import (
     GenerationOutput,
-    InvalidRequestError,
     RequestMetrics,
     RequestStatus,
     Sequence,
 )
+from roseinfer.errors import InvalidRequestError
 from roseinfer.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -87,18 +87,15 @@ class OnlineScheduler:
     ) -> int:
         """Queue a request (prefill happens in `step()`); returns its id."""
         if params is None:
-            try:
-                params = SamplingParams(
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    seed=seed,
-                    stop_on_eos=stop_on_eos,
-                    stop=list(stop or []),
-                )
-            except ValueError as e:
-                raise InvalidRequestError(str(e)) from None
+            params = SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                stop_on_eos=stop_on_eos,
+                stop=list(stop or []),
+            )
         token_ids = self.validate_request(prompt, prompt_token_ids, params)
         if request_id is None:
             request_id = next(self._ids)

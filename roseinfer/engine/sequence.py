@@ -11,14 +11,6 @@ from roseinfer.detokenizer import TextStream
 from roseinfer.sampling import SamplingParams
 
 
-class InvalidRequestError(ValueError):
-    """A request the engine refuses; `param` names the offending field (for API errors)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
     RUNNING = "running"  # holds KV blocks; prefilling (maybe in chunks) or decoding

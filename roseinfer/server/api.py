@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from roseinfer.engine.sequence import InvalidRequestError
+from roseinfer.errors import InvalidRequestError
 from roseinfer.sampling import SamplingParams
 from roseinfer.server.manager import EngineDeadError, OverloadedError, StreamingFrontend
 from roseinfer.server.metrics import ServerMetrics
@@ -37,7 +37,6 @@ from roseinfer.server.protocol import (
     CompletionRequest,
     GenerateRequest,
     SamplingFields,
-    UnsupportedFieldError,
     error_body,
     usage,
 )
@@ -106,14 +105,12 @@ class BodySizeLimit:
 
 
 def _submit_error(exc: Exception) -> APIError:
-    if isinstance(exc, (InvalidRequestError, UnsupportedFieldError)):
-        return APIError(400, str(exc), getattr(exc, "param", None))
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), exc.param)
     if isinstance(exc, OverloadedError):
         return APIError(429, f"the server is overloaded: {exc}; retry later")
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc))
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc))
     raise exc
 
 
@@ -208,10 +205,9 @@ def create_app(
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
 
-    @app.exception_handler(UnsupportedFieldError)
     @app.exception_handler(InvalidRequestError)
-    async def _bad_field(_request: Request, exc: ValueError) -> JSONResponse:
-        return _submit_error(exc).response()
+    async def _bad_field(_request: Request, exc: InvalidRequestError) -> JSONResponse:
+        return APIError(400, str(exc), exc.param).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -325,27 +321,42 @@ def create_app(
             ],
         }
 
+    async def reply(
+        request: Request, streams: list[RequestStream], stream: bool, events, to_json
+    ) -> Response:
+        """SSE from `events(abort)` when streaming, else JSON from `to_json(results)`."""
+        abort = abort_all(streams)
+        if stream:
+            return StreamingResponse(events(abort), media_type="text/event-stream")
+        results = await _until_disconnect(request, collect(streams), abort)
+        return JSONResponse(to_json(results))
+
     @keyed_routes.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         check_model(req)
-        try:
-            params = req.sampling_params(req.max_tokens or 16)
-        except ValueError as exc:
-            raise _submit_error(exc) from exc
+        params = req.sampling_params(req.max_tokens or 16)
         streams = submit_all([(p, params) for p in req.prompts()])
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
-        if req.stream:
-            return StreamingResponse(
-                _completion_events(base, streams, req.include_usage, abort_all(streams)),
-                media_type="text/event-stream",
-            )
-        results = await _until_disconnect(request, collect(streams), abort_all(streams))
-        choices = [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": end.finish_reason}
-            for i, (text, end) in enumerate(results)
-        ]
-        return JSONResponse({**base, "choices": choices, "usage": _total_usage(e for _, e in results)})
+        base = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+
+        def to_json(results):
+            choices = [
+                {"index": i, "text": text, "logprobs": None, "finish_reason": end.finish_reason}
+                for i, (text, end) in enumerate(results)
+            ]
+            return {**base, "choices": choices, "usage": _total_usage(e for _, e in results)}
+
+        return await reply(
+            request,
+            streams,
+            req.stream,
+            lambda abort: _completion_events(base, streams, req.include_usage, abort),
+            to_json,
+        )
 
     @keyed_routes.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
@@ -355,53 +366,50 @@ def create_app(
             prompt_ids = engine.tokenizer.encode(chat.render(messages))
         except Exception as exc:
             raise APIError(400, f"the chat template failed on these messages: {exc}", "messages") from exc
-        room = engine.max_model_len - len(prompt_ids)
         max_tokens = req.requested_max_tokens()
-        if max_tokens is None:
-            if room < 1:
+        if max_tokens is None:  # as much as the context leaves
+            max_tokens = engine.max_model_len - len(prompt_ids)
+            if max_tokens < 1:
                 raise APIError(
                     400,
                     f"the conversation has {len(prompt_ids)} tokens, which fills the model's "
                     f"context of {engine.max_model_len} tokens",
                     "messages",
                 )
-            max_tokens = room
-        try:
-            params = req.sampling_params(max_tokens)
-        except ValueError as exc:
-            raise _submit_error(exc) from exc
-        streams = submit_all([(prompt_ids, params)])
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
-        if req.stream:
-            return StreamingResponse(
-                _chat_events(base, streams, req.include_usage, abort_all(streams)),
-                media_type="text/event-stream",
-            )
-        [(text, end)] = await _until_disconnect(request, collect(streams), abort_all(streams))
-        return JSONResponse(
-            {
+        streams = submit_all([(prompt_ids, req.sampling_params(max_tokens))])
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+
+        def to_json(results):
+            [(text, end)] = results
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": end.finish_reason,
+            }
+            return {
                 **base,
                 "object": "chat.completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
-                        "finish_reason": end.finish_reason,
-                    }
-                ],
+                "choices": [choice],
                 "usage": usage(end.prompt_tokens, end.completion_tokens),
             }
+
+        return await reply(
+            request,
+            streams,
+            req.stream,
+            lambda abort: _chat_events(base, streams, req.include_usage, abort),
+            to_json,
         )
 
     @keyed_routes.post("/generate")
     async def generate(req: GenerateRequest, request: Request) -> Response:
-        try:
-            params = req.sampling_params()
-        except ValueError as exc:
-            raise _submit_error(exc) from exc
-        streams = submit_all([(req.prompt, params)])
+        streams = submit_all([(req.prompt, req.sampling_params())])
         if req.stream:
             return StreamingResponse(
                 _text_chunks(streams[0], abort_all(streams)), media_type="text/plain; charset=utf-8"

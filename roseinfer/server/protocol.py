@@ -12,13 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from roseinfer.errors import InvalidRequestError
 from roseinfer.sampling import SamplingParams
-
-
-class UnsupportedFieldError(ValueError):
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class StrictModel(BaseModel):
@@ -76,18 +71,16 @@ class SamplingFields(StrictModel):
             value = getattr(self, name, None)
             # Compare types too: 0 == False in Python, but logprobs=0 asks for something.
             if not any(type(value) is type(v) and value == v for v in neutral):
-                raise UnsupportedFieldError(
-                    name, f"'{name}' = {value!r} is not supported by roseinfer (only {neutral[-1]!r})"
+                raise InvalidRequestError(
+                    f"'{name}' = {value!r} is not supported by roseinfer (only {neutral[-1]!r})", name
                 )
         if self.stream_options is not None and not self.stream:
-            raise UnsupportedFieldError(
-                "stream_options", "stream_options is only allowed when stream is true"
-            )
+            raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4:
-            raise UnsupportedFieldError("stop", "at most 4 stop sequences are allowed")
+            raise InvalidRequestError("at most 4 stop sequences are allowed", "stop")
         return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -114,12 +107,12 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if not p:
-            raise UnsupportedFieldError("prompt", "prompt must not be empty")
+            raise InvalidRequestError("prompt must not be empty", "prompt")
         if all(isinstance(x, int) for x in p):
             return [list(p)]
         if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
             return list(p)
-        raise UnsupportedFieldError("prompt", "prompt must be a string, a list of strings, or token ids")
+        raise InvalidRequestError("prompt must be a string, a list of strings, or token ids", "prompt")
 
 
 class TextPart(StrictModel):
