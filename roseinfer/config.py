@@ -130,6 +130,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
     enable_prefix_cache: bool = True
     attention_backend: str = "torch"
+    packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
     hf_model_id: str | None = None  # look this id up in the local HF cache
     tokenizer_name: str | None = None  # a local tokenizer directory; default: embedded GPT-2 BPE

@@ -29,6 +29,7 @@ from roseinfer.engine.sequence import GenerationOutput
 from roseinfer.model.attention import make_attention_backend
 from roseinfer.model.gpt2 import GPT2
 from roseinfer.model.loader import LoadedWeights, load_weights, save_checkpoint
+from roseinfer.model.packed_linear import packing_available
 from roseinfer.sampling import SamplingParams
 from roseinfer.tokenizer import GPT2Tokenizer
 
@@ -48,6 +49,8 @@ class InferenceEngine:
         model = GPT2(weights.config, make_attention_backend(config.attention_backend))
         model.load_state_dict(weights.state_dict, strict=True)
         model = model.to(device=self.device, dtype=self.dtype).eval()
+        if config.packed_cpu_weights and packing_available(self.device, self.dtype):
+            model.pack_for_cpu()
         num_blocks = config.num_kv_blocks or self._default_num_blocks(weights.config)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size)

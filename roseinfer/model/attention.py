@@ -88,7 +88,8 @@ class TorchPagedAttention:
             q_index=q_index,
             q_valid=q_valid,
             mask=mask[:, None],  # broadcast over heads
-            k_slots=slots.flatten(1)[:, : meta.max_context_len],
+            # Flat, for index_select: several times faster on CPU than 2-D fancy indexing.
+            k_slots=slots.flatten(1)[:, : meta.max_context_len].flatten(),
         )
         return state
 
@@ -105,9 +106,11 @@ class TorchPagedAttention:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         heads, head_dim = query.shape[1:]
         plan = self.plan(meta, k_cache.shape[1], query.shape[0])
+        batch = meta.num_seqs
         q = query[plan["q_index"]].transpose(1, 2)  # [B, H, Q, D]
-        k = k_cache.view(-1, heads, head_dim)[plan["k_slots"]].transpose(1, 2)  # [B, H, C, D]
-        v = v_cache.view(-1, heads, head_dim)[plan["k_slots"]].transpose(1, 2)
+        gathered = (batch, meta.max_context_len, heads, head_dim)
+        k = k_cache.view(-1, heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
+        v = v_cache.view(-1, heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)
         return out.transpose(1, 2)[plan["q_valid"]]  # back to packed [T, H, D]
 

@@ -93,7 +93,19 @@ class GPT2(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits; the LM head shares its weights with the token embedding."""
-        return F.linear(hidden, self.wte.weight)
+        packed = self.__dict__.get("_packed_lm_head")
+        return packed(hidden) if packed is not None else F.linear(hidden, self.wte.weight)
+
+    def pack_for_cpu(self) -> None:
+        """Store every projection, and a copy of the LM head, in oneDNN's layout (fp32 CPU).
+
+        The LM head copy is kept out of the module tree (and the state_dict):
+        the embedding still needs the dense matrix. Call it after loading weights.
+        """
+        from roseinfer.model.packed_linear import PackedLinear, pack_linears
+
+        pack_linears(self.h)
+        self.__dict__["_packed_lm_head"] = PackedLinear(self.wte.weight, None)
 
     @torch.no_grad()
     def init_random_(self, seed: int) -> GPT2:

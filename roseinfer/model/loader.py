@@ -106,6 +106,23 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory") -> Lo
     return LoadedWeights(config, state, source, f"{where} {directory}")
 
 
+def save_hf_directory(directory: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Path:
+    """Write weights in HF GPT-2 layout, so `GPT2LMHeadModel.from_pretrained` runs the very same model."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hf_state = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().float()
+        if name.endswith(_CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        hf_state[f"transformer.{name}"] = tensor.contiguous()
+    save_file(hf_state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+    return directory
+
+
 def save_checkpoint(path: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> None:
     """roseinfer's own checkpoint: one file with the architecture and the weights."""
     payload = {
