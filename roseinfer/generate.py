@@ -10,7 +10,8 @@ import logging
 import sys
 import time
 
-from roseinfer import InferenceEngine, SamplingParams
+from roseinfer import SamplingParams
+from roseinfer.cli import add_model_args, engine_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,15 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--model", default="gpt2", help="preset name, local HF directory, or HF id in the local cache"
-    )
-    p.add_argument("--checkpoint-path", help="a roseinfer checkpoint file")
-    p.add_argument("--hf-model-id", help="look this id up in the local HF cache")
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)"
-    )
+    add_model_args(p)
     p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -43,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    engine = InferenceEngine.from_pretrained(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        checkpoint_path=args.checkpoint_path,
-        hf_model_id=args.hf_model_id,
-    )
+    engine = engine_from_args(args)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -72,8 +72,8 @@ def test_weights_flags(hf_tiny_dir, tmp_path, monkeypatch):
     app = app_for("--checkpoint-path", str(checkpoint), "--num-kv-blocks", "16")
     assert app.state.manager.engine.weights.source == "checkpoint"
     app.state.manager.close()
-    app = app_for("--model", "gpt2-tiny", "--seed", "7", "--num-kv-blocks", "16")
-    other = app_for("--model", "gpt2-tiny", "--seed", "8", "--num-kv-blocks", "16")
+    app = app_for("--model", "gpt2-tiny", "--weights-seed", "7", "--num-kv-blocks", "16")
+    other = app_for("--model", "gpt2-tiny", "--weights-seed", "8", "--num-kv-blocks", "16")
     w7 = app.state.manager.engine.runner.model.wte.weight
     w8 = other.state.manager.engine.runner.model.wte.weight
     assert "seed 7" in app.state.manager.engine.weights.description and not torch.equal(w7, w8)

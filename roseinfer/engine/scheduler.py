@@ -66,6 +66,7 @@ class OnlineScheduler:
         self._finished_ids: list[int] = []
         self._ids = itertools.count()
         self._num_steps = 0
+        self._last_step: dict[str, int] = {"batch_size": 0, "num_tokens": 0, "num_prompt_tokens": 0}
         self._num_preemptions = 0
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
@@ -170,6 +171,15 @@ class OnlineScheduler:
         if not scheduled:
             return {}
         self._num_steps += 1
+        num_prompt_tokens = sum(
+            max(0, min(seq.num_computed_tokens + n, seq.num_prompt_tokens) - seq.num_computed_tokens)
+            for seq, n in scheduled
+        )
+        self._last_step = {
+            "batch_size": len(scheduled),
+            "num_tokens": sum(n for _, n in scheduled),
+            "num_prompt_tokens": num_prompt_tokens,
+        }
         now = time.perf_counter()
         entries = []
         for seq, n in scheduled:
@@ -391,6 +401,10 @@ class OnlineScheduler:
         if request_id in self._finished_ids:
             self._finished_ids.remove(request_id)
         return True
+
+    def last_step_stats(self) -> dict[str, int]:
+        """The shape of the last step: requests in it, tokens computed, of which prompt tokens."""
+        return dict(self._last_step)
 
     def kv_stats(self) -> dict[str, Any]:
         queries, hits = self._prefix_query_tokens, self._prefix_hit_tokens

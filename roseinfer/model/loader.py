@@ -106,7 +106,9 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory") -> Lo
     return LoadedWeights(config, state, source, f"{where} {directory}")
 
 
-def save_hf_directory(directory: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> Path:
+def save_hf_directory(
+    directory: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]
+) -> Path:
     """Write weights in HF GPT-2 layout, so `GPT2LMHeadModel.from_pretrained` runs the very same model."""
     from safetensors.torch import save_file
 

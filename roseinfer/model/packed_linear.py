@@ -34,11 +34,15 @@ class PackedLinear(nn.Module):
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.has_bias = bias is not None
         self._weight = weight.detach().float().contiguous().to_mkldnn()
-        self._bias = (bias if bias is not None else torch.zeros(self.out_features)).detach().float().to_mkldnn()
+        self._bias = (
+            (bias if bias is not None else torch.zeros(self.out_features)).detach().float().to_mkldnn()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch._C._nn.mkldnn_linear(x.reshape(-1, shape[-1]).contiguous().to_mkldnn(), self._weight, self._bias)
+        y = torch._C._nn.mkldnn_linear(
+            x.reshape(-1, shape[-1]).contiguous().to_mkldnn(), self._weight, self._bias
+        )
         return y.to_dense().view(*shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
@@ -57,7 +61,9 @@ class PackedLinear(nn.Module):
         self._pack(weight, bias if self.has_bias else None)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, oneDNN"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, oneDNN"
+        )
 
 
 def pack_linears(module: nn.Module) -> int:

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from roseinfer.engine.engine import InferenceEngine
+from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
 from roseinfer.history import MANAGER_VARIANTS, make_manager
 from roseinfer.server.api import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
 from roseinfer.server.metrics import ServerMetrics
@@ -34,37 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--model",
-        default="gpt2",
-        help="preset, local HF directory, or HF id in the local cache (default: gpt2)",
-    )
-    m.add_argument(
+    add_model_args(p)
+    p.add_argument(
         "--served-model-name", default=None, help="the name clients pass as 'model' (default: --model)"
     )
-    m.add_argument("--checkpoint-path", default=None, help="a roseinfer checkpoint file")
-    m.add_argument(
-        "--hf-model-id", default=None, help="look this id up in the local HF cache (never downloads)"
-    )
-    m.add_argument(
-        "--tokenizer-name", default=None, help="a local tokenizer directory (default: embedded GPT-2 BPE)"
-    )
-    m.add_argument("--device", default="cpu")
-    m.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)"
-    )
-    m.add_argument(
-        "--seed", type=int, default=0, help="seed of the random weights when no checkpoint is found"
-    )
-    e = p.add_argument_group("engine")
-    e.add_argument("--max-batch-size", type=int, default=64)
-    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    e.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from memory)"
-    )
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--no-prefix-cache", action="store_true")
+    add_engine_args(p)
+    e = p.add_argument_group("serving")
     e.add_argument("--stream-interval", type=int, default=1, help="flush streamed text every N tokens")
     e.add_argument("--max-inflight-requests", type=int, default=1024, help="beyond this, HTTP 429")
     e.add_argument(
@@ -88,20 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_app(args: argparse.Namespace) -> Any:
-    engine = InferenceEngine.from_pretrained(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        checkpoint_path=args.checkpoint_path,
-        hf_model_id=args.hf_model_id,
-        tokenizer_name=args.tokenizer_name,
-        num_kv_blocks=args.num_kv_blocks,
-        block_size=args.block_size,
-        max_batch_size=args.max_batch_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_cache=not args.no_prefix_cache,
-    )
+    engine = engine_from_args(args)
     metrics = ServerMetrics()
     manager = make_manager(
         args.manager_variant,

@@ -1,0 +1,64 @@
+"""Command-line flags shared by the server, `roseinfer.generate` and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+
+from roseinfer.engine.engine import InferenceEngine
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default="gpt2",
+        help="preset, local HF directory, or HF id in the local cache (default: gpt2)",
+    )
+    g.add_argument("--checkpoint-path", default=None, help="a roseinfer checkpoint file")
+    g.add_argument(
+        "--hf-model-id", default=None, help="look this id up in the local HF cache (never downloads)"
+    )
+    g.add_argument(
+        "--tokenizer-name", default=None, help="a local tokenizer directory (default: embedded GPT-2 BPE)"
+    )
+    g.add_argument("--device", default="cpu")
+    g.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)"
+    )
+    g.add_argument(
+        "--weights-seed", type=int, default=0, help="seed of the random weights when no checkpoint is found"
+    )
+
+
+def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--max-batch-size", type=int, default=max_batch_size, help="running requests per step")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step (decodes + prefill chunks)"
+    )
+    g.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from memory)"
+    )
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
+
+
+def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
+    """An engine from the flags above (engine flags are optional)."""
+    options = {
+        name: getattr(args, name)
+        for name in ("num_kv_blocks", "block_size", "max_batch_size", "max_num_batched_tokens")
+        if getattr(args, name, None) is not None
+    }
+    if hasattr(args, "no_prefix_cache"):
+        options["enable_prefix_cache"] = not args.no_prefix_cache
+    return InferenceEngine.from_pretrained(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.weights_seed,
+        checkpoint_path=args.checkpoint_path,
+        hf_model_id=args.hf_model_id,
+        tokenizer_name=args.tokenizer_name,
+        **options,
+    )
