@@ -9,24 +9,23 @@
         --input-len 256 --max-new-tokens 64 --num-requests 128 --max-batch-size 128 --no-stop-on-eos --mode offline
 
 Decode time is the time spent in steps that computed no prompt token; the
-completion throughput is reported over it and over the total. Writes
+completion throughput is reported over it and over the total (see
+roseinfer.bench.scheduler_modes). Writes
 results/<device>/scheduler[-<mode>].json unless --output-json says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
-from roseinfer import OnlineScheduler, SamplingParams
-from roseinfer.bench.metrics import RequestRecord, median_run, request_metrics, spread
+from roseinfer import SamplingParams
+from roseinfer.bench.metrics import median_run, spread
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
-from roseinfer.bench.workloads import BenchRequest, fixed_prompt, mixed_output_lengths, poisson_arrivals, random_prompts
+from roseinfer.bench.scheduler_modes import MODES, SchedulerSetup, run_mode
+from roseinfer.bench.workloads import BenchRequest, fixed_prompt, mixed_output_lengths, random_prompts
 from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
-
-MODES = ("naive", "offline", "online")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,15 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     w = p.add_argument_group("workload")
     w.add_argument("--mode", nargs="+", default=["offline"], choices=[*MODES, "all"])
-    w.add_argument("--workload", default="prompt", choices=["prompt", "random", "mixed"],
-                   help="prompt: --prompt/--prompts text; random: --input-len tokens; mixed: output lengths 8..max")
+    w.add_argument(
+        "--workload",
+        default="prompt",
+        choices=["prompt", "random", "mixed"],
+        help="prompt: --prompt/--prompts text; random: --input-len tokens; mixed: output lengths 8..max",
+    )
     w.add_argument("--prompt", default="Hello", help="the prompt of every request (workload 'prompt')")
     w.add_argument("--prompts", default=None, help="a file with one prompt per line, used in turn")
-    w.add_argument("--pretok", action="store_true", help="tokenize before timing (else tokenization is timed)")
+    w.add_argument(
+        "--pretok", action="store_true", help="tokenize before timing (else tokenization is timed)"
+    )
     w.add_argument("--input-len", type=int, default=128, help="prompt tokens (workload 'random')")
     w.add_argument("--num-requests", type=int, default=16)
     w.add_argument("--max-new-tokens", type=int, default=64)
-    w.add_argument("--request-rate", type=float, default=float("inf"), help="online mode: requests/s (inf = all at once)")
+    w.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="online mode: requests/s (inf = all at once)"
+    )
     s = p.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--top-k", type=int, default=0)
@@ -66,103 +73,24 @@ def make_workload(args, tokenizer) -> list[BenchRequest]:
     if args.prompts:
         with open(args.prompts, encoding="utf-8") as f:
             texts = [line.rstrip("\n") for line in f if line.strip()]
-    return [fixed_prompt(tokenizer, texts[i % len(texts)], 1, args.max_new_tokens)[0] for i in range(args.num_requests)]
-
-
-class Run:
-    """One pass over the workload through an OnlineScheduler, timing every step."""
-
-    def __init__(self, engine, args, params: list[SamplingParams]) -> None:
-        self.engine, self.args, self.params = engine, args, params
-        self.decode_s = 0.0
-        self.steps = 0
-
-    def scheduler(self) -> OnlineScheduler:
-        return OnlineScheduler(self.engine, max_batch_size=self.args.max_batch_size,
-                               max_num_batched_tokens=self.args.max_num_batched_tokens,
-                               enable_prefix_cache=not self.args.no_prefix_cache)
-
-    def add(self, scheduler, req: BenchRequest, p: SamplingParams) -> int:
-        if self.args.pretok or req.prompt is None:
-            return scheduler.add_request(prompt_token_ids=req.prompt_token_ids, params=p)
-        return scheduler.add_request(prompt=req.prompt, params=p)
-
-    def step(self, scheduler, records: dict[int, RequestRecord]) -> None:
-        start = time.perf_counter()
-        produced = scheduler.step()
-        now = time.perf_counter()
-        self.steps += 1
-        if scheduler.last_step_stats()["num_prompt_tokens"] == 0:
-            self.decode_s += now - start
-        for rid in produced:
-            records[rid].token_times.append(now)
-
-    def naive(self, workload) -> list[RequestRecord]:
-        records = []
-        for req, p in zip(workload, self.params):
-            scheduler = self.scheduler()
-            rec = RequestRecord(start=time.perf_counter(), prompt_tokens=len(req.prompt_token_ids))
-            rid = self.add(scheduler, req, p)
-            while scheduler.has_unfinished():
-                self.step(scheduler, {rid: rec})
-            rec.scheduled = scheduler.pop_response(rid).metrics.first_scheduled_time
-            records.append(rec)
-        return records
-
-    def offline(self, workload) -> list[RequestRecord]:
-        return self.online(workload, [0.0] * len(workload))
-
-    def online(self, workload, arrivals: list[float]) -> list[RequestRecord]:
-        scheduler = self.scheduler()
-        records: dict[int, RequestRecord] = {}
-        t0 = time.perf_counter()
-        i = 0
-        while i < len(workload) or scheduler.has_unfinished():
-            now = time.perf_counter()
-            while i < len(workload) and t0 + arrivals[i] <= now:
-                rec = RequestRecord(start=t0 + arrivals[i], prompt_tokens=len(workload[i].prompt_token_ids))
-                records[self.add(scheduler, workload[i], self.params[i])] = rec
-                i += 1
-            if scheduler.has_unfinished():
-                self.step(scheduler, records)
-            elif i < len(workload):
-                time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
-        for rid, rec in records.items():
-            rec.scheduled = scheduler.pop_response(rid).metrics.first_scheduled_time
-        return list(records.values())
-
-
-def run_mode(engine, args, mode: str, workload, params) -> dict[str, Any]:
-    run = Run(engine, args, params)
-    engine.block_manager.reset_prefix_cache()
-    start = time.perf_counter()
-    if mode == "naive":
-        records = run.naive(workload)
-    elif mode == "offline":
-        records = run.offline(workload)
-    else:
-        records = run.online(workload, poisson_arrivals(len(workload), args.request_rate, seed=args.seed))
-    total = time.perf_counter() - start
-    metrics = request_metrics(records, total)
-    out_tokens = metrics["total_output_tokens"]
-    metrics.update(
-        total_time_s=total,
-        decode_time_s=run.decode_s,
-        steps=run.steps,
-        completion_tok_s_over_decode=out_tokens / run.decode_s if run.decode_s else float("nan"),
-        completion_tok_s_over_total=out_tokens / total,
-    )
-    return metrics
+    return [
+        fixed_prompt(tokenizer, texts[i % len(texts)], 1, args.max_new_tokens)[0]
+        for i in range(args.num_requests)
+    ]
 
 
 def report(mode: str, m: dict[str, Any]) -> None:
     print(f"[{mode}] {m['num_requests']} requests, {m['total_output_tokens']} tokens, {m['steps']} steps")
-    print(f"  total {m['total_time_s']:.3f}s  decode {m['decode_time_s']:.3f}s  "
-          f"throughput {m['completion_tok_s_over_total']:.1f} tok/s (total), "
-          f"{m['completion_tok_s_over_decode']:.1f} tok/s (decode)")
+    print(
+        f"  total {m['total_time_s']:.3f}s  decode {m['decode_time_s']:.3f}s  "
+        f"throughput {m['completion_tok_s_over_total']:.1f} tok/s (total), "
+        f"{m['completion_tok_s_over_decode']:.1f} tok/s (decode)"
+    )
     for key in ("ttft_ms", "tpot_ms", "e2e_latency_ms"):
         s = m[key]
-        print(f"  {key:<15} p50 {s['p50']:9.2f}  p95 {s['p95']:9.2f}  p99 {s['p99']:9.2f}  mean {s['mean']:9.2f}")
+        print(
+            f"  {key:<15} p50 {s['p50']:9.2f}  p95 {s['p95']:9.2f}  p99 {s['p99']:9.2f}  mean {s['mean']:9.2f}"
+        )
 
 
 def main(argv=None) -> int:
@@ -171,21 +99,38 @@ def main(argv=None) -> int:
     engine = engine_from_args(args)
     workload = make_workload(args, engine.tokenizer)
     params = [
-        SamplingParams(max_new_tokens=r.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=None if args.temperature == 0 else args.seed + i,
-                       stop_on_eos=not args.no_stop_on_eos)
+        SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=None if args.temperature == 0 else args.seed + i,
+            stop_on_eos=not args.no_stop_on_eos,
+        )
         for i, r in enumerate(workload)
     ]
+    setup = SchedulerSetup(
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_cache=not args.no_prefix_cache,
+        pretok=args.pretok,
+        request_rate=args.request_rate,
+        seed=args.seed,
+    )
     for _ in range(args.warmup_runs):
-        run_mode(engine, args, "offline", workload[: min(4, len(workload))], params)
+        run_mode(engine, setup, "offline", workload[: min(4, len(workload))], params)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for _ in range(args.repeat_runs):
         for mode in modes:  # interleaved: drift on a shared machine hits every mode alike
-            runs[mode].append(run_mode(engine, args, mode, workload, params))
+            runs[mode].append(run_mode(engine, setup, mode, workload, params))
     peaks = measure_peaks(str(engine.device), engine.dtype)
     floor = continuous_batching_floor(
-        engine.model_config, [len(r.prompt_token_ids) for r in workload], [r.max_new_tokens for r in workload],
-        args.max_batch_size, engine.dtype.itemsize, peaks,
+        engine.model_config,
+        [len(r.prompt_token_ids) for r in workload],
+        [r.max_new_tokens for r in workload],
+        args.max_batch_size,
+        engine.dtype.itemsize,
+        peaks,
     )
     config = {k: v for k, v in vars(args).items() if k != "output_json"} | {"engine": engine.describe()}
     for mode in modes:
@@ -197,7 +142,9 @@ def main(argv=None) -> int:
             "roofline": {**floor, **peaks, "fraction_of_floor": floor["floor_s"] / best["total_time_s"]},
         }
         if mode == "offline":
-            print(f"  roofline floor {floor['floor_s']:.3f}s: this run is at {metrics['roofline']['fraction_of_floor']:.1%} of it")
+            print(
+                f"  roofline floor {floor['floor_s']:.3f}s: this run is at {metrics['roofline']['fraction_of_floor']:.1%} of it"
+            )
         name = "scheduler.json" if len(modes) == 1 else f"scheduler-{mode}.json"
         out = args.output_json if args.output_json and len(modes) == 1 else results_dir(args.device) / name
         write_json(out, make_result("scheduler", mode, config, metrics, args.device))

@@ -60,7 +60,9 @@ class Progress:
             width = 30
             filled = width * self.done // self.total
             rate = self.done / (time.perf_counter() - self.start)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {rate:.1f} req/s")
+            sys.stderr.write(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {rate:.1f} req/s"
+            )
             if self.done == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
@@ -76,7 +78,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, record: R
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 break
             payload = json.loads(data)
@@ -93,7 +95,9 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, record: R
 async def run(args) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=args.timeout, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=args.base_url, headers=headers, timeout=args.timeout, limits=limits
+    ) as client:
         model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
         workload = random_prompts(args.num_prompts, args.input_len, args.output_len, args.seed)
         arrivals = poisson_arrivals(args.num_prompts, args.request_rate, args.burstiness, args.seed)
@@ -104,8 +108,14 @@ async def run(args) -> dict[str, Any]:
 
         async def launch(i: int, t0: float) -> None:
             await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
-            body = {"model": model, "prompt": workload[i].prompt_token_ids, "max_tokens": workload[i].max_new_tokens,
-                    "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": model,
+                "prompt": workload[i].prompt_token_ids,
+                "max_tokens": workload[i].max_new_tokens,
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             if args.ignore_eos:
                 body["ignore_eos"] = True
             try:
@@ -130,7 +140,8 @@ async def run(args) -> dict[str, Any]:
     metrics["total_output_tokens"] = sum(n_tokens)
     metrics["output_throughput_tok_s"] = sum(n_tokens) / duration
     metrics["tpot_ms"] = summarize(
-        ((r.latency - r.ttft) / (n - 1) for r, n in zip(ok, n_tokens) if n > 1 and r.ttft is not None), 1000)
+        ((r.latency - r.ttft) / (n - 1) for r, n in zip(ok, n_tokens) if n > 1 and r.ttft is not None), 1000
+    )
     metrics["failed"] = len(errors)
     metrics["errors"] = errors[:10]
     metrics["model"] = model
@@ -138,11 +149,15 @@ async def run(args) -> dict[str, Any]:
 
 
 def report(args, m: dict[str, Any]) -> None:
-    print(f"{m['num_requests']} ok, {m['failed']} failed, rate {args.request_rate} req/s, {m['duration_s']:.2f}s: "
-          f"{m['request_throughput_req_s']:.2f} req/s, {m['output_throughput_tok_s']:.1f} output tok/s")
+    print(
+        f"{m['num_requests']} ok, {m['failed']} failed, rate {args.request_rate} req/s, {m['duration_s']:.2f}s: "
+        f"{m['request_throughput_req_s']:.2f} req/s, {m['output_throughput_tok_s']:.1f} output tok/s"
+    )
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         s = m[key]
-        print(f"  {key:<15} mean {s['mean']:9.2f}  p50 {s['p50']:9.2f}  p95 {s['p95']:9.2f}  p99 {s['p99']:9.2f}")
+        print(
+            f"  {key:<15} mean {s['mean']:9.2f}  p50 {s['p50']:9.2f}  p95 {s['p95']:9.2f}  p99 {s['p99']:9.2f}"
+        )
     for e in m["errors"]:
         print("  error:", e)
 

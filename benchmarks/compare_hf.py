@@ -2,12 +2,8 @@
 
     python benchmarks/compare_hf.py --model gpt2 --repeat-runs 3
 
-Systems:
-  roseinfer          engine.generate: OnlineScheduler over the paged KV cache
-  hf_generate        GPT2LMHeadModel.generate: one static, left-padded batch,
-                     run to the longest request (each output is cut to its own length)
-  hf_generate_batch  transformers' continuous batching (paged attention): generate_batch,
-                     or its manager with each request's own max_new_tokens
+Systems: roseinfer (engine.generate: the OnlineScheduler over the paged KV
+cache), hf_generate and hf_generate_batch (see roseinfer.bench.hf_peer).
 
 Workloads: "fixed" (32 prompts of 32 tokens x 32 new tokens) and "mixed"
 (32 prompts of 16-64 tokens, 8-128 new tokens). Greedy, EOS ignored, so every
@@ -20,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from roseinfer import SamplingParams
 from roseinfer.bench import plots
+from roseinfer.bench.hf_peer import hf_model_for, run_hf_generate, run_hf_generate_batch, run_roseinfer
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts
 from roseinfer.cli import add_model_args, engine_from_args
-from roseinfer.model.loader import save_hf_directory
 
 SYSTEMS = ("roseinfer", "hf_generate", "hf_generate_batch")
 
@@ -57,70 +51,10 @@ def workloads(args) -> dict[str, list[BenchRequest]]:
     }
 
 
-def hf_model_for(engine, args):
-    """HF GPT2LMHeadModel on exactly the engine's weights."""
-    from transformers import GPT2LMHeadModel
-
-    directory = Path(args.model)
-    if engine.weights.source != "hf-directory":
-        directory = Path(tempfile.mkdtemp(prefix="roseinfer-hf-"))
-        state = {k: v for k, v in engine.runner.model.state_dict().items()}
-        save_hf_directory(directory, engine.model_config, state)
-    model = GPT2LMHeadModel.from_pretrained(directory, dtype=engine.dtype).to(engine.device).eval()
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def run_roseinfer(engine, requests: list[BenchRequest]) -> list[list[int]]:
-    params = [SamplingParams(max_new_tokens=r.max_new_tokens, stop_on_eos=False) for r in requests]
-    outs = engine.generate([r.prompt_token_ids for r in requests], params, max_batch_size=len(requests))
-    return [o.token_ids for o in outs]
-
-
-def run_hf_generate(model, requests: list[BenchRequest]) -> list[list[int]]:
-    longest_prompt = max(len(r.prompt_token_ids) for r in requests)
-    ids = torch.zeros((len(requests), longest_prompt), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(requests):  # left padding, as decoder-only generation needs
-        ids[i, longest_prompt - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
-        mask[i, longest_prompt - len(r.prompt_token_ids) :] = 1
-    steps = max(r.max_new_tokens for r in requests)
-    with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=steps,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return [out[i, longest_prompt : longest_prompt + r.max_new_tokens].tolist() for i, r in enumerate(requests)]
-
-
-def run_hf_generate_batch(model, requests: list[BenchRequest]) -> list[list[int]]:
-    from transformers import GenerationConfig
-
-    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0,
-                              max_new_tokens=max(r.max_new_tokens for r in requests))
-    if len({r.max_new_tokens for r in requests}) == 1:
-        outs = model.generate_batch([r.prompt_token_ids for r in requests], generation_config=config,
-                                    max_new_tokens=requests[0].max_new_tokens)
-        return [outs[f"req_{i}"].generated_tokens for i in range(len(requests))]
-    # Per-request lengths go through the continuous-batching manager that generate_batch wraps.
-    manager = model.init_continuous_batching(generation_config=config)
-    manager.start()
-    try:
-        ids = [manager.add_request(r.prompt_token_ids, max_new_tokens=r.max_new_tokens) for r in requests]
-        results = {}
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=600)
-            if result is None:
-                raise RuntimeError("transformers' continuous batching stopped early")
-            if result.is_finished():
-                results[result.request_id] = result.generated_tokens
-    finally:
-        manager.stop(block=True)
-    return [results[i] for i in ids]
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     engine = engine_from_args(args)
-    hf = hf_model_for(engine, args)
+    hf = hf_model_for(engine, args.model)
     runners = {
         "roseinfer": lambda reqs: run_roseinfer(engine, reqs),
         "hf_generate": lambda reqs: run_hf_generate(hf, reqs),
@@ -141,7 +75,10 @@ def main(argv=None) -> int:
                 tokens[system] = runners[system](requests)
                 runs[system].append(useful / (time.perf_counter() - start))
         reference = tokens[args.systems[0]]
-        block = {"useful_output_tokens": useful, "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests)}
+        block = {
+            "useful_output_tokens": useful,
+            "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+        }
         for system in args.systems:
             block[system] = {
                 "output_throughput_tok_s": statistics.median(runs[system]),
@@ -150,24 +87,34 @@ def main(argv=None) -> int:
             }
         for system in args.systems[1:]:
             block[f"roseinfer_over_{system}"] = (
-                block["roseinfer"]["output_throughput_tok_s"] / block[system]["output_throughput_tok_s"])
+                block["roseinfer"]["output_throughput_tok_s"] / block[system]["output_throughput_tok_s"]
+            )
         results[name] = block
         print(f"\n[{name}] {len(requests)} requests, {useful} output tokens")
         for system in args.systems:
             b = block[system]
-            print(f"  {system:<18} {b['output_throughput_tok_s']:8.1f} tok/s  "
-                  f"(runs {', '.join(f'{x:.1f}' for x in b['runs_tok_s'])})  "
-                  f"same tokens as {args.systems[0]}: {b['same_greedy_tokens']}/{len(requests)}")
+            print(
+                f"  {system:<18} {b['output_throughput_tok_s']:8.1f} tok/s  "
+                f"(runs {', '.join(f'{x:.1f}' for x in b['runs_tok_s'])})  "
+                f"same tokens as {args.systems[0]}: {b['same_greedy_tokens']}/{len(requests)}"
+            )
         for system in args.systems[1:]:
             print(f"  roseinfer / {system}: {block[f'roseinfer_over_{system}']:.2f}x")
     config = {k: v for k, v in vars(args).items() if k != "output_json"} | {
-        "engine": engine.describe(), "torch_threads": torch.get_num_threads()}
+        "engine": engine.describe(),
+        "torch_threads": torch.get_num_threads(),
+    }
     out = Path(args.output_json) if args.output_json else results_dir(args.device) / "compare_hf.json"
     write_json(out, make_result("compare_hf", "roseinfer-vs-hf", config, results, args.device))
     fig, axes = plots.figure(len(results))
     for ax, (name, block) in zip(axes, results.items()):
-        plots.before_after_bars(ax, list(args.systems)[::-1], [block[s]["runs_tok_s"] for s in args.systems][::-1],
-                                "output tokens/s", f"{name}: {args.num_requests} requests")
+        plots.before_after_bars(
+            ax,
+            list(args.systems)[::-1],
+            [block[s]["runs_tok_s"] for s in args.systems][::-1],
+            "output tokens/s",
+            f"{name}: {args.num_requests} requests",
+        )
     plots.save(fig, out.with_suffix(".png"))
     print(f"\nwrote {out} and {out.with_suffix('.png')}")
     return 0

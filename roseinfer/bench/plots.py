@@ -26,10 +26,11 @@ def before_after_bars(
     bars = ax.bar(
         labels, medians, yerr=[low, high], capsize=6, color=colors, edgecolor="black", linewidth=0.6
     )
-    for bar, m in zip(bars, medians):
+    for bar, m, top in zip(bars, medians, high):  # the label sits above the slowest-to-fastest whisker
+        x = bar.get_x() + bar.get_width() / 2
         ax.annotate(
             f"{m:.3g}",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            (x, m + top),
             ha="center",
             va="bottom",
             xytext=(0, 3),

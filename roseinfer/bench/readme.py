@@ -39,7 +39,33 @@ def batching_section(results: Path) -> str:
     return header + "\n" + "\n".join(rows)
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"batching": batching_section}
+def compare_hf_section(results: Path) -> str:
+    rows = []
+    for path in sorted(results.glob("*/compare_hf.json")):
+        r = read_json(path)
+        systems = [
+            s for s in ("roseinfer", "hf_generate", "hf_generate_batch") if s in r["config"]["systems"]
+        ]
+        for workload, block in r["metrics"].items():
+            cells = []
+            for s in systems:
+                runs = block[s]["runs_tok_s"]
+                ratio = "" if s == "roseinfer" else f" → **{block[f'roseinfer_over_{s}']:.2f}×**"
+                cells.append(
+                    f"{_fmt(block[s]['output_throughput_tok_s'])} ({_fmt(min(runs))}–{_fmt(max(runs))}){ratio}"
+                )
+            rows.append(
+                f"| {r['device']} | {r['config']['model']} | {workload} | " + " | ".join(cells) + " |"
+            )
+    if not rows:
+        return "_no results yet: run the command above_"
+    return (
+        "| device | model | workload | roseinfer tok/s | HF `generate` tok/s → roseinfer ÷ HF | "
+        "HF `generate_batch` tok/s → roseinfer ÷ HF |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {"batching": batching_section, "compare_hf": compare_hf_section}
 
 
 def render_readme(text: str, results: Path | None = None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -46,8 +47,14 @@ def device_tag(device: str | torch.device = "cpu") -> str:
     return name.replace("nvidia", "").strip().split()[0]
 
 
+def results_root() -> Path:
+    """results/ in the repository; ROSEINFER_RESULTS_DIR redirects writes (the test run uses a temp dir,
+    so executing the notebooks under nbval does not overwrite the committed reference results)."""
+    return Path(os.environ.get("ROSEINFER_RESULTS_DIR") or REPO_ROOT / "results")
+
+
 def results_dir(device: str | torch.device = "cpu", root: Path | None = None) -> Path:
-    path = (root or REPO_ROOT / "results") / device_tag(device)
+    path = (root or results_root()) / device_tag(device)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -1,0 +1,39 @@
+"""Instrumentation the notebooks use to count what the code does (not to time it)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class CountingLock:
+    """A drop-in for threading.Lock that counts acquisitions by one thread (e.g. the worker)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counted_thread: int | None = None
+        self.count = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        acquired = self._lock.acquire(blocking, timeout)
+        if acquired and threading.get_ident() == self.counted_thread:
+            self.count += 1
+        return acquired
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def count_worker_locks(manager) -> CountingLock:
+    """Swap the manager's lock for a counting one that counts its worker thread's acquisitions."""
+    lock = CountingLock()
+    lock.counted_thread = manager._worker.ident
+    manager._lock = lock
+    return lock

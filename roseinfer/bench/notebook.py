@@ -1,0 +1,80 @@
+"""Small helpers that keep the notebooks about their subject.
+
+- `show_source` prints the code of a before and an after side by side (one after the other);
+- `sizes` picks the CPU or the GPU parameters of a notebook;
+- `verdict` turns two lists of repeated measurements into a sentence that
+  says which is better, by how much, and whether that is outside the
+  run-to-run noise;
+- `reference` loads a GPU reference result committed under results/<gpu>/;
+- `save` writes a result JSON (and its figure) under results/<device>/.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roseinfer.bench import plots
+from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, write_json
+
+GPU_TAGS = ("h100", "h200")
+
+
+def show_source(*objects: Any) -> None:
+    for obj in objects:
+        name = getattr(obj, "__qualname__", repr(obj))
+        module = getattr(inspect.getmodule(obj), "__name__", "?")
+        print(f"# --- {module}.{name} " + "-" * max(0, 60 - len(module) - len(name)))
+        print(textwrap.dedent(inspect.getsource(obj)))
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sizes(cpu: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
+    """The notebook's parameters: small on a CPU, full size where CUDA is present."""
+    return dict(gpu if device() == "cuda" else cpu, device=device())
+
+
+def median(values: list[float]) -> float:
+    data = sorted(values)
+    return data[(len(data) - 1) // 2]
+
+
+def verdict(name: str, before: list[float], after: list[float], unit: str, higher_is_better: bool) -> str:
+    """A sentence about after vs before that never claims more than the data shows."""
+    b, a = median(before), median(after)
+    better = a > b if higher_is_better else a < b
+    ratio = (a / b if higher_is_better else b / a) if min(a, b) > 0 else float("inf")
+    separated = min(after) > max(before) or max(after) < min(before)
+    where = (
+        f"{name}: before {b:.3g} {unit} (runs {min(before):.3g}-{max(before):.3g}), "
+        f"after {a:.3g} {unit} (runs {min(after):.3g}-{max(after):.3g})"
+    )
+    if not separated:
+        return f"{where}. The runs overlap: on this machine the difference is inside the run-to-run noise."
+    word = "better" if better else "worse"
+    return f"{where}. After is {ratio:.2f}x {word}, and every run agrees."
+
+
+def reference(name: str) -> tuple[str, dict[str, Any]] | None:
+    """(gpu tag, result) of the committed GPU reference run `name`.json, if there is one."""
+    for tag in GPU_TAGS:
+        path = REPO_ROOT / "results" / tag / f"{name}.json"
+        if path.exists():
+            return tag, read_json(path)
+    return None
+
+
+def save(name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any], fig=None) -> Path:
+    """Write results/<device>/<name>.json (and .png when a figure is given)."""
+    out = results_dir(device()) / f"{name}.json"
+    write_json(out, make_result(name, variant, config, metrics, device()))
+    if fig is not None:
+        plots.save(fig, out.with_suffix(".png"))
+    return out

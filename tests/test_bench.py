@@ -1,0 +1,202 @@
+"""Benchmark building blocks, and a smoke run of every benchmark script on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from live_server import LiveServer
+from roseinfer.bench.metrics import RequestRecord, percentile, request_metrics, summarize
+from roseinfer.bench.roofline import continuous_batching_floor, decode_step_cost, measure_peaks, prefill_cost
+from roseinfer.bench.workloads import (
+    mixed_output_lengths,
+    poisson_arrivals,
+    random_prompts,
+    shared_prefix_prompts,
+)
+from roseinfer.config import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_percentiles_and_summary():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+    assert math.isnan(percentile([], 50))
+    s = summarize([0.001, 0.002, 0.003], scale=1000)
+    assert s["p50"] == pytest.approx(2.0) and s["mean"] == pytest.approx(2.0) and s["n"] == 3
+
+
+def test_request_metrics_follow_vllm_definitions():
+    r = RequestRecord(start=10.0, token_times=[10.5, 10.7, 11.1], prompt_tokens=4, end=11.1, scheduled=10.2)
+    assert r.ttft == pytest.approx(0.5)
+    assert r.tpot == pytest.approx((1.1 - 0.5) / 2)  # (latency - TTFT) / (tokens - 1)
+    assert r.itls == pytest.approx([0.2, 0.4])
+    assert r.queue_wait == pytest.approx(0.2)
+    m = request_metrics([r, RequestRecord(start=10.0, token_times=[10.4], end=10.4)], duration_s=2.0)
+    assert m["total_output_tokens"] == 4
+    assert m["output_throughput_tok_s"] == 2.0
+    assert m["tpot_ms"]["n"] == 1  # a one-token request has no TPOT
+    assert m["ttft_ms"]["p50"] == pytest.approx(450.0)
+
+
+def test_workloads_are_reproducible_and_shaped():
+    a = random_prompts(5, (3, 9), 7, seed=1)
+    assert a == random_prompts(5, (3, 9), 7, seed=1)
+    assert all(3 <= len(r.prompt_token_ids) <= 9 and r.max_new_tokens == 7 for r in a)
+    m = mixed_output_lengths(50, output_len=(8, 128), seed=2)
+    assert len({r.max_new_tokens for r in m}) > 10
+    shared = shared_prefix_prompts(6, prefix_len=20, suffix_len=4, output_len=5, num_prefixes=2)
+    assert (
+        shared[0].prompt_token_ids[:20] == shared[2].prompt_token_ids[:20] != shared[1].prompt_token_ids[:20]
+    )
+    gaps = poisson_arrivals(2000, rate=50.0, seed=0)
+    assert gaps[0] == 0 and 2000 / gaps[-1] == pytest.approx(50, rel=0.1)
+    assert poisson_arrivals(3, float("inf")) == [0.0, 0.0, 0.0]
+
+
+def test_roofline_costs_and_floor():
+    cfg = PRESETS["gpt2"]
+    one = decode_step_cost(cfg, [100], elem_bytes=2)
+    many = decode_step_cost(cfg, [100] * 64, elem_bytes=2)
+    # Weights are read once a step whatever the batch: bytes grow far slower than FLOPs.
+    assert many.flops == pytest.approx(64 * one.flops, rel=0.01)
+    assert many.bytes < 3 * one.bytes
+    assert prefill_cost(cfg, [256], 2).flops > 150 * one.flops  # 256 tokens, but one LM-head row
+    peaks = {"matmul_flops": 1e15, "mem_bytes_s": 3e12}
+    floor = continuous_batching_floor(cfg, [256] * 8, [4] * 8, max_batch=8, elem_bytes=2, peaks=peaks)
+    assert floor["decode_steps"] == 3 and floor["floor_s"] > 0
+    measured = measure_peaks("cpu")
+    assert measured["matmul_flops"] > 1e8 and measured["mem_bytes_s"] > 1e8
+
+
+def _run(script: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_benchmark_scheduler_smoke(tmp_path):
+    out = tmp_path / "s.json"
+    text = _run(
+        "benchmark_scheduler.py",
+        "--model",
+        "gpt2-tiny",
+        "--mode",
+        "offline",
+        "--num-requests",
+        "4",
+        "--max-new-tokens",
+        "6",
+        "--repeat-runs",
+        "1",
+        "--output-json",
+        str(out),
+        "--pretok",
+    )
+    assert "decode" in text and "TTFT".lower() in text.lower()
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "scheduler" and result["metrics"]["total_output_tokens"] == 24
+    for key in (
+        "benchmark",
+        "variant",
+        "config",
+        "metrics",
+        "device",
+        "device_name",
+        "torch_version",
+        "git_commit",
+        "date",
+    ):
+        assert key in result
+
+
+def test_benchmark_streaming_smoke(tmp_path):
+    out = tmp_path / "st.json"
+    _run(
+        "benchmark_streaming.py",
+        "--model",
+        "gpt2-tiny",
+        "--num-requests",
+        "4",
+        "--max-new-tokens",
+        "6",
+        "--repeat-runs",
+        "1",
+        "--warmup-runs",
+        "0",
+        "--submit-interval-ms",
+        "2",
+        "--stream-interval",
+        "2",
+        "--no-stop-on-eos",
+        "--output-json",
+        str(out),
+    )
+    m = json.loads(out.read_text())["metrics"]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms", "queue_wait_ms"):
+        assert {"p50", "p95", "p99"} <= set(m[key])
+    assert m["output_throughput_tok_s"] > 0 and m["total_output_tokens"] == 24
+
+
+def test_benchmark_serving_smoke(tmp_path, hf_tiny_dir):
+    from roseinfer import InferenceEngine
+    from roseinfer.server.api import ServerSettings, create_app
+    from roseinfer.server.manager import SchedulerManager
+
+    engine = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=128)
+    out = tmp_path / "sv.json"
+    with LiveServer(create_app(SchedulerManager(engine), ServerSettings(served_model_name="tiny"))) as live:
+        _run(
+            "benchmark_serving.py",
+            "--base-url",
+            live.base_url,
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "8",
+            "--output-len",
+            "5",
+            "--request-rate",
+            "50",
+            "--ignore-eos",
+            "--no-progress",
+            "--output-json",
+            str(out),
+        )
+    m = json.loads(out.read_text())["metrics"]
+    assert m["failed"] == 0 and m["num_requests"] == 6 and m["total_output_tokens"] == 30
+
+
+def test_compare_hf_smoke(tmp_path):
+    out = tmp_path / "c.json"
+    text = _run(
+        "compare_hf.py",
+        "--model",
+        "gpt2-tiny",
+        "--num-requests",
+        "4",
+        "--repeat-runs",
+        "1",
+        "--workload",
+        "mixed",
+        "--systems",
+        "roseinfer",
+        "hf_generate",
+        "--output-json",
+        str(out),
+    )
+    block = json.loads(out.read_text())["metrics"]["mixed"]
+    assert block["hf_generate"]["same_greedy_tokens"] == 4, text
+    assert out.with_suffix(".png").exists()
