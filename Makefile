@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.roseinfer-installed
 SERVE_ARGS ?=
 
-.PHONY: install test lint serve clean
+.PHONY: install test notebooks lint serve clean
 
 install: $(STAMP)
 
@@ -27,8 +27,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# Notebooks run under nbval and write their results to a temporary directory,
+# so a test run never overwrites the committed results/.
 test: install
-	$(PY) -m pytest
+	ROSEINFER_RESULTS_DIR=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval
+
+# Re-execute every notebook in place (outputs and results/ refreshed).
+notebooks: install
+	for nb in notebooks/*.ipynb; do \
+		$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 "$$nb" || exit 1; \
+	done
 
 lint: install
 	$(PY) -m ruff check .

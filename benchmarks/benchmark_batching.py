@@ -9,38 +9,12 @@ same greedy tokens. Writes results/<device>/batching.json.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import time
 
-from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer import InferenceEngine
+from roseinfer.bench.batching import run_continuous, run_static
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.history.static_batching import StaticBatchGenerator
-
-
-def mixed_workload(n: int, seed: int, prompt_len: tuple[int, int], output_len: tuple[int, int]):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(50000) for _ in range(rng.randint(*prompt_len))] for _ in range(n)]
-    params = [SamplingParams(max_new_tokens=rng.randint(*output_len), stop_on_eos=False) for _ in range(n)]
-    return prompts, params
-
-
-def run_static(engine, prompts, params, batch_size):
-    start = time.perf_counter()
-    stats = StaticBatchGenerator(engine, batch_size).generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    return elapsed, stats.token_ids, {"steps": stats.steps, "wasted_fraction": stats.wasted_fraction}
-
-
-def run_continuous(engine, prompts, params, batch_size):
-    scheduler = OnlineScheduler(engine, max_batch_size=batch_size, enable_prefix_cache=False)
-    start = time.perf_counter()
-    rids = [scheduler.add_request(prompt_token_ids=p, params=sp) for p, sp in zip(prompts, params)]
-    while scheduler.has_unfinished():
-        scheduler.step()
-    elapsed = time.perf_counter() - start
-    tokens = [scheduler.pop_response(r).token_ids for r in rids]
-    return elapsed, tokens, {"steps": scheduler.kv_stats()["num_steps"], "wasted_fraction": 0.0}
+from roseinfer.bench.workloads import mixed_output_lengths
 
 
 def main(argv=None) -> int:
@@ -58,18 +32,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     engine = InferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype)
-    prompts, params = mixed_workload(
-        args.num_requests, args.seed, tuple(args.prompt_len), tuple(args.output_len)
+    requests = mixed_output_lengths(
+        args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed
     )
-    total_tokens = sum(sp.max_new_tokens for sp in params)
+    total_tokens = sum(r.max_new_tokens for r in requests)
     variants = {"static": run_static, "continuous": run_continuous}
     reference = None
     runs = {name: [] for name in variants}
     extra = {}
-    run_continuous(engine, prompts[:2], params[:2], 2)  # warm-up
+    run_continuous(engine, requests[:2], 2)  # warm-up
     for _ in range(args.repeat_runs):
         for name, fn in variants.items():  # interleaved, so drift hits both alike
-            elapsed, tokens, info = fn(engine, prompts, params, args.batch_size)
+            elapsed, tokens, info = fn(engine, requests, args.batch_size)
             if reference is None:
                 reference = tokens
             assert tokens == reference, f"{name} gave different greedy tokens"

@@ -37,3 +37,28 @@ def count_worker_locks(manager) -> CountingLock:
     lock.counted_thread = manager._worker.ident
     manager._lock = lock
     return lock
+
+
+class MethodTimer:
+    """Wraps one method of one object and accumulates how long its calls take."""
+
+    def __init__(self, obj, name: str) -> None:
+        import time
+
+        self.calls = 0
+        self.seconds = 0.0
+        original = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        setattr(obj, name, timed)
+
+    @property
+    def mean_us(self) -> float:
+        return self.seconds / self.calls * 1e6 if self.calls else float("nan")

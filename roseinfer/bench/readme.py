@@ -65,7 +65,82 @@ def compare_hf_section(results: Path) -> str:
     )
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"batching": batching_section, "compare_hf": compare_hf_section}
+def _median(values) -> float:
+    data = sorted(values)
+    return data[(len(data) - 1) // 2]
+
+
+def _headline(name: str, m: dict) -> str:
+    """The one before -> after figure a notebook is about."""
+    if name == "nb01_kv_cache":
+        return f"one step at {m['contexts'][-1]} tokens of context: {m['before_ms'][-1]:.1f} → {m['after_ms'][-1]:.1f} ms"
+    if name == "nb02_batching":
+        return (
+            f"{m['batch_sizes'][-1]} requests: {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} "
+            "output tok/s"
+        )
+    if name == "nb03_continuous_batching":
+        return (
+            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s; "
+            f"{m['wasted_fraction']:.0%} → 0% wasted decode rows"
+        )
+    if name == "nb04_scheduler_manager":
+        return (
+            f"{m['concurrency'][-1]} streams: TTFT p50 {m['before_ttft_p50_ms'][-1]:.0f} → "
+            f"{m['after_ttft_p50_ms'][-1]:.0f} ms, {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} tok/s"
+        )
+    if name == "nb05_worker_wakeup_event":
+        idle = m["idle"]
+        return (
+            f"TTFT p50 at light load {_median(m['before_ttft_p50_ms']):.2f} → {_median(m['after_ttft_p50_ms']):.2f} ms; "
+            f"idle wake-ups {idle['polling']['wakeups_per_s']:.0f} → {idle['current']['wakeups_per_s']:.0f} /s"
+        )
+    if name == "nb06_scheduler_accessors":
+        return f"streaming {_fmt(_median(m['before_tok_s']))} → {_fmt(_median(m['after_tok_s']))} tok/s"
+    if name == "nb07_batched_worker_lookups":
+        return (
+            f"batch {m['batch_sizes'][-1]}: {m['before_locks_per_step'][-1]:.0f} → "
+            f"{m['after_locks_per_step'][-1]:.0f} lock acquisitions per step"
+        )
+    return ""
+
+
+NOTEBOOKS = [
+    ("00_quickstart", None, "load, generate, match HF token for token, serve, query with `openai`"),
+    ("01_kv_cache", "nb01_kv_cache", "recompute the prefix → KV cache"),
+    ("02_batching", "nb02_batching", "one request at a time → a static batch"),
+    (
+        "03_continuous_batching",
+        "nb03_continuous_batching",
+        "static batches → continuous batching over paged KV",
+    ),
+    ("04_scheduler_manager", "nb04_scheduler_manager", "a lock around each request → the SchedulerManager"),
+    (
+        "05_worker_wakeup_event",
+        "nb05_worker_wakeup_event",
+        "a polling worker → a wake-up event (cleared under the lock)",
+    ),
+    ("06_scheduler_accessors", "nb06_scheduler_accessors", "private scheduler state → public accessors"),
+    ("07_batched_worker_lookups", "nb07_batched_worker_lookups", "a lock per token → a lock per step"),
+]
+
+
+def notebooks_section(results: Path) -> str:
+    rows = []
+    for notebook, result, topic in NOTEBOOKS:
+        figures = []
+        for path in sorted(results.glob(f"*/{result}.json")) if result else []:
+            r = read_json(path)
+            figures.append(f"{r['device']}: {_headline(result, r['metrics'])}")
+        rows.append(f"| [{notebook}](notebooks/{notebook}.ipynb) | {topic} | {'<br>'.join(figures) or '—'} |")
+    return "| notebook | increment | before → after (from `results/`) |\n|---|---|---|\n" + "\n".join(rows)
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "batching": batching_section,
+    "compare_hf": compare_hf_section,
+    "notebooks": notebooks_section,
+}
 
 
 def render_readme(text: str, results: Path | None = None) -> str:

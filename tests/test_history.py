@@ -1,0 +1,78 @@
+"""The earlier versions kept for the notebooks: same answers, and the flaws they are kept to show."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from roseinfer import SamplingParams
+from roseinfer.bench.batching import run_continuous, run_one_at_a_time, run_static
+from roseinfer.bench.notebook import verdict
+from roseinfer.bench.workloads import mixed_output_lengths
+from roseinfer.history.clear_outside_lock import ClearOutsideLockManager
+from roseinfer.history.no_kv_cache import RecomputeGenerator
+from roseinfer.server.manager import SchedulerManager
+
+
+def test_recompute_generator_matches_the_kv_cache(engine):
+    prompt = engine.tokenizer.encode("Recompute everything, every time")
+    expected = engine.generate([prompt], SamplingParams(max_new_tokens=12, stop_on_eos=False))[0].token_ids
+    assert RecomputeGenerator(engine).generate(prompt, 12) == expected
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_one_at_a_time_static_and_continuous_agree(engine):
+    requests = mixed_output_lengths(6, (3, 20), (2, 15), seed=4)
+    _, alone, _ = run_one_at_a_time(engine, requests)
+    _, static, info = run_static(engine, requests, 4)
+    _, continuous, _ = run_continuous(engine, requests, 4)
+    assert alone == static == continuous
+    assert 0 < info["wasted_fraction"] < 1
+    assert engine.block_manager.num_used_blocks == 0
+
+
+class _UnderLockWithWindow(SchedulerManager):
+    def __init__(self, *args, before_wait=None, **kwargs):
+        self.before_wait = before_wait
+        super().__init__(*args, **kwargs)
+
+    def _wait_for_work(self):
+        self.before_wait()
+        super()._wait_for_work()
+
+
+def _submit_in_window(engine, cls, hook: str) -> bool:
+    """Submit exactly between the idle check and the wait; True if served without another request."""
+    window, submitted = threading.Event(), threading.Event()
+
+    def hold():
+        if not submitted.is_set():
+            window.set()
+            submitted.wait()
+
+    manager = cls(engine, **{hook: hold})
+    try:
+        assert window.wait(10)
+        stream = manager.submit(prompt="hi", params=SamplingParams(max_new_tokens=1))
+        submitted.set()
+        try:
+            list(stream.pieces(timeout=1.0))
+            return True
+        except queue.Empty:
+            manager.submit(prompt="rescue", params=SamplingParams(max_new_tokens=1))
+            list(stream.pieces(timeout=10))  # the next request wakes the worker: served late
+            return False
+    finally:
+        manager.close()
+
+
+def test_clearing_outside_the_lock_loses_the_wakeup_and_under_the_lock_does_not(engine):
+    assert _submit_in_window(engine, ClearOutsideLockManager, "before_clear") is False
+    assert _submit_in_window(engine, _UnderLockWithWindow, "before_wait") is True
+
+
+def test_verdict_says_when_runs_overlap():
+    assert "noise" in verdict("x", [10, 11, 12], [11, 12, 13], "tok/s", higher_is_better=True)
+    text = verdict("x", [10, 11, 12], [20, 21, 22], "tok/s", higher_is_better=True)
+    assert "better" in text and "1.91x" in text
+    assert "worse" in verdict("t", [1.0, 1.1], [2.0, 2.1], "ms", higher_is_better=False)
