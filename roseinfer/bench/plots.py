@@ -72,7 +72,13 @@ def curve(
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=name, color=COLORS.get(name))
     if logx:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
         ax.set_xscale("log", base=2)
+        xs = sorted({x for xs, _ in series.values() for x in xs})
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

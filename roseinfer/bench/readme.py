@@ -70,6 +70,11 @@ def _median(values) -> float:
     return data[(len(data) - 1) // 2]
 
 
+def _noise(before, after) -> str:
+    overlap = not (min(after) > max(before) or max(after) < min(before))
+    return " (runs overlap: within noise)" if overlap else ""
+
+
 def _headline(name: str, m: dict) -> str:
     """The one before -> after figure a notebook is about."""
     if name == "nb01_kv_cache":
@@ -96,7 +101,10 @@ def _headline(name: str, m: dict) -> str:
             f"idle wake-ups {idle['polling']['wakeups_per_s']:.0f} → {idle['current']['wakeups_per_s']:.0f} /s"
         )
     if name == "nb06_scheduler_accessors":
-        return f"streaming {_fmt(_median(m['before_tok_s']))} → {_fmt(_median(m['after_tok_s']))} tok/s"
+        return (
+            f"streaming {_fmt(_median(m['before_tok_s']))} → {_fmt(_median(m['after_tok_s']))} tok/s"
+            f"{_noise(m['before_tok_s'], m['after_tok_s'])}"
+        )
     if name == "nb07_batched_worker_lookups":
         return (
             f"batch {m['batch_sizes'][-1]}: {m['before_locks_per_step'][-1]:.0f} → "

@@ -151,8 +151,12 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
 
 def find_in_hf_cache(repo_ids: tuple[str, ...]) -> Path | None:
     """The cached snapshot of the first id present in the local HF cache, offline."""
+    import warnings
+
     try:
-        from huggingface_hub import snapshot_download
+        with warnings.catch_warnings():  # in a notebook without ipywidgets, tqdm warns at import
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - transformers brings it
         return None
     for repo_id in repo_ids:
