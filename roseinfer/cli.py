@@ -41,6 +41,18 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
+    g.add_argument(
+        "--attention-backend",
+        choices=["torch", "triton"],
+        default=None,
+        help="paged attention: triton kernels or the torch reference (default: triton on CUDA)",
+    )
+    g.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="capture decode steps in CUDA graphs (default: on with CUDA and triton)",
+    )
 
 
 def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
@@ -52,6 +64,9 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     }
     if hasattr(args, "no_prefix_cache"):
         options["enable_prefix_cache"] = not args.no_prefix_cache
+    for name in ("attention_backend", "cuda_graph"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
     return InferenceEngine.from_pretrained(
         args.model,
         device=args.device,

@@ -129,7 +129,8 @@ class EngineConfig:
     max_batch_size: int = 64  # running requests per step
     max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
     enable_prefix_cache: bool = True
-    attention_backend: str = "torch"
+    attention_backend: str | None = None  # None: "triton" on CUDA, "torch" elsewhere
+    cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
     packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
     hf_model_id: str | None = None  # look this id up in the local HF cache

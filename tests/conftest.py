@@ -9,10 +9,17 @@ vocabulary, and HF `GPT2LMHeadModel` on the very same weights is the oracle.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
-import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run on CPU tensors through its interpreter; it must be on
+    # before the first kernel is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 
 from roseinfer import InferenceEngine
 

@@ -26,7 +26,7 @@ from roseinfer.detokenizer import TextStream
 from roseinfer.engine.block_manager import BlockManager, blocks_for
 from roseinfer.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from roseinfer.engine.sequence import GenerationOutput
-from roseinfer.model.attention import make_attention_backend
+from roseinfer.model.attention import default_attention_backend, make_attention_backend
 from roseinfer.model.gpt2 import GPT2
 from roseinfer.model.loader import LoadedWeights, load_weights, save_checkpoint
 from roseinfer.model.packed_linear import packing_available
@@ -46,7 +46,9 @@ class InferenceEngine:
         self.weights = weights
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        model = GPT2(weights.config, make_attention_backend(config.attention_backend))
+        backend = config.attention_backend or default_attention_backend(self.device)
+        use_graphs = _resolve_cuda_graph(config.cuda_graph, self.device, backend)
+        model = GPT2(weights.config, make_attention_backend(backend))
         model.load_state_dict(weights.state_dict, strict=True)
         model = model.to(device=self.device, dtype=self.dtype).eval()
         if config.packed_cpu_weights and packing_available(self.device, self.dtype):
@@ -54,14 +56,19 @@ class InferenceEngine:
         num_blocks = config.num_kv_blocks or self._default_num_blocks(weights.config)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.attention_backend = backend
+        if use_graphs:
+            self.runner.enable_decode_graphs(config.max_batch_size)
         logger.info(
-            "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens",
+            "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens | %s attention%s",
             weights.description,
             weights.config.num_parameters() / 1e6,
             str(self.dtype).removeprefix("torch."),
             self.device,
             num_blocks,
             config.block_size,
+            backend,
+            f", CUDA graphs for batches up to {config.max_batch_size}" if use_graphs else "",
         )
 
     @classmethod
@@ -133,7 +140,8 @@ class InferenceEngine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "num_kv_blocks": self.num_kv_blocks,
             "block_size": self.config.block_size,
-            "attention_backend": self.config.attention_backend,
+            "attention_backend": self.attention_backend,
+            "cuda_graph": self.runner.graphs is not None,
         }
 
     # -- generation -----------------------------------------------------------------------
@@ -194,6 +202,18 @@ class InferenceEngine:
     def save_checkpoint(self, path: str | Path) -> None:
         """Write roseinfer's own checkpoint of the loaded weights (fp32 or the run dtype)."""
         save_checkpoint(path, self.model_config, self.runner.model.state_dict())
+
+
+def _resolve_cuda_graph(requested: bool | None, device: torch.device, backend: str) -> bool:
+    if requested is None:
+        return device.type == "cuda" and backend == "triton"
+    if requested and device.type != "cuda":
+        raise ValueError("cuda_graph needs a CUDA device")
+    if requested and backend != "triton":
+        raise ValueError(
+            "cuda_graph needs the triton attention backend (the torch one sizes tensors from the data)"
+        )
+    return requested
 
 
 def _prompt_kwargs(prompt: str | list[int]) -> dict[str, Any]:

@@ -54,6 +54,15 @@ class ModelRunner:
             (c.n_layer, 2, num_blocks, block_size, c.n_head, c.head_dim), device=device, dtype=dtype
         )
         self.sampler = Sampler()
+        self.graphs = None  # DecodeGraphs, when enabled
+
+    def enable_decode_graphs(self, max_batch_size: int, capture: bool = True) -> None:
+        """Run decode-only steps of up to max_batch_size requests through CUDA graphs."""
+        from roseinfer.engine.block_manager import blocks_for
+        from roseinfer.engine.cuda_graphs import DecodeGraphs
+
+        max_blocks = blocks_for(self.config.n_positions, self.block_size)
+        self.graphs = DecodeGraphs(self.model, self.kv_cache, max_batch_size, max_blocks, capture=capture)
 
     def prepare(
         self, batch: Sequence[BatchEntry]
@@ -93,9 +102,30 @@ class ModelRunner:
         )
         return to_device(input_ids), to_device(positions), meta, to_device(sample_rows)
 
+    def _graphable(self, batch: Sequence[BatchEntry]) -> bool:
+        return (
+            self.graphs is not None
+            and len(batch) <= self.graphs.max_batch_size
+            and all(len(e.token_ids) == 1 and e.sample for e in batch)
+        )
+
+    def _execute_graph(self, batch: Sequence[BatchEntry]) -> list[int | None]:
+        bs = self.block_size
+        positions = [e.start_pos for e in batch]
+        logits = self.graphs.run(
+            [e.token_ids[0] for e in batch],
+            positions,
+            [e.block_table[p // bs] * bs + p % bs for e, p in zip(batch, positions)],
+            [e.block_table for e in batch],
+        )
+        # .tolist() is the step's one host sync; it also frees the pinned staging buffer for the next step.
+        return self.sampler(logits, [e.params for e in batch], [e.generator for e in batch]).tolist()
+
     @torch.inference_mode()
     def execute(self, batch: Sequence[BatchEntry]) -> list[int | None]:
         """Run one step; the sampled token of each entry that samples, else None."""
+        if self._graphable(batch):
+            return self._execute_graph(batch)
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
         sampling = [e for e in batch if e.sample]

@@ -15,7 +15,8 @@ tokens, and any mix of them.
 
 `TorchPagedAttention` is the reference: gather each sequence's keys and values
 through its block table, then one padded, masked scaled-dot-product attention.
-It runs on any device and is the oracle the Triton kernels are tested against.
+It runs on any device and is the oracle the Triton kernels
+(`TritonPagedAttention`, roseinfer.model.kernels) are tested against.
 """
 
 from __future__ import annotations
@@ -115,10 +116,62 @@ class TorchPagedAttention:
         return out.transpose(1, 2)[plan["q_valid"]]  # back to packed [T, H, D]
 
 
-ATTENTION_BACKENDS = ("torch",)
+class TritonPagedAttention:
+    """The Triton kernels: a decode kernel when every sequence has one new token, else the prefill kernel.
+
+    Its shapes never depend on the data (no gather sized by the longest context),
+    which is what lets a decode step be captured in a CUDA graph.
+    """
+
+    name = "triton"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        from roseinfer.model.kernels import paged_attention as kernels
+
+        kernels.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if meta.is_decode_only:
+            return kernels.paged_decode_attention(
+                query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, out=out
+            )
+        return kernels.paged_prefill_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.context_lens,
+            meta.max_query_len,
+            scale,
+            out=out,
+        )
 
 
-def make_attention_backend(name: str) -> TorchPagedAttention:
+AttentionBackend = TorchPagedAttention | TritonPagedAttention
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+def default_attention_backend(device: torch.device) -> str:
+    """Triton on CUDA, the torch reference elsewhere."""
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def make_attention_backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchPagedAttention()
+    if name == "triton":
+        from roseinfer.model.kernels import triton_available
+
+        if not triton_available():
+            raise ValueError("attention_backend 'triton' needs the triton package (pip install triton)")
+        return TritonPagedAttention()
     raise ValueError(f"unknown attention backend {name!r}; available: {ATTENTION_BACKENDS}")

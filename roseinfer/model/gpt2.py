@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roseinfer.config import ModelConfig
-from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention
+from roseinfer.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 
 
 class CausalSelfAttention(nn.Module):
@@ -37,7 +37,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, H, D]
         meta: AttentionMetadata,
-        backend: TorchPagedAttention,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.c_attn(x).view(num_tokens, 3, self.n_head, self.head_dim).unbind(1)
@@ -69,7 +69,7 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, config: ModelConfig, attention: TorchPagedAttention | None = None) -> None:
+    def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
         super().__init__()
         self.config = config
         self.attention = attention or TorchPagedAttention()

@@ -1,0 +1,196 @@
+"""The CUDA engine, checked and timed in one run (needs a GPU).
+
+    python benchmarks/gpu_check.py                      # everything, writes results/<gpu>/gpu_check.json + .png
+
+1. Tokens: greedy tokens on CUDA (fp32; Triton kernels, with and without CUDA
+   graphs, and the torch reference) equal the CPU reference, for gpt2-tiny
+   and gpt2; bf16 graph replay equals bf16 eager.
+2. Decode step time vs batch size and context length: Triton + CUDA graphs,
+   Triton eager, torch reference eager (a real step: model, sampling, the
+   host sync), with the roofline floor of each step.
+3. Offline throughput: 128 prompts x 256 tokens -> 64 new tokens, gpt2, bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from roseinfer import InferenceEngine, SamplingParams
+from roseinfer.bench import plots
+from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.roofline import decode_step_cost, measure_peaks
+from roseinfer.engine.block_manager import blocks_for
+from roseinfer.engine.runner import BatchEntry
+
+GREEDY = SamplingParams(max_new_tokens=1)
+
+
+def token_checks(models: list[str], new_tokens: int) -> dict:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(50000) for _ in range(rng.randint(4, 60))] for _ in range(8)]
+    params = SamplingParams(max_new_tokens=new_tokens, stop_on_eos=False)
+    out = {}
+    for model in models:
+        cpu = [o.token_ids for o in InferenceEngine.from_pretrained(model).generate(prompts, params)]
+        checks = {}
+        for name, options in {
+            "cuda_fp32_triton_graphs": dict(dtype="float32", attention_backend="triton", cuda_graph=True),
+            "cuda_fp32_triton_eager": dict(dtype="float32", attention_backend="triton", cuda_graph=False),
+            "cuda_fp32_torch": dict(dtype="float32", attention_backend="torch", cuda_graph=False),
+        }.items():
+            engine = InferenceEngine.from_pretrained(model, device="cuda", max_batch_size=16, **options)
+            got = [o.token_ids for o in engine.generate(prompts, params)]
+            checks[name] = {"equal_to_cpu": got == cpu, "rows_equal": sum(a == b for a, b in zip(got, cpu))}
+            del engine
+            torch.cuda.empty_cache()
+        graphs = InferenceEngine.from_pretrained(
+            model, device="cuda", dtype="bfloat16", cuda_graph=True, max_batch_size=16
+        )
+        eager = InferenceEngine.from_pretrained(
+            model, device="cuda", dtype="bfloat16", cuda_graph=False, max_batch_size=16
+        )
+        g = [o.token_ids for o in graphs.generate(prompts, params)]
+        e = [o.token_ids for o in eager.generate(prompts, params)]
+        checks["bf16_graph_equals_eager"] = {"equal": g == e, "rows_equal": sum(a == b for a, b in zip(g, e))}
+        out[model] = checks
+        print(model, checks)
+        del graphs, eager
+        torch.cuda.empty_cache()
+    return out
+
+
+def time_decode_step(engine, batch: int, context: int, repeats: int) -> float:
+    """Median ms of one real decode step (model + sampling + host sync) at batch x context."""
+    blocks = engine.block_manager
+    rng = random.Random(batch * 7919 + context)
+    tables = [blocks.allocate(blocks_for(context + 1, blocks.block_size)) for _ in range(batch)]
+    try:
+        for table in tables:  # fill the cache (untimed), a row at a time
+            ids = [rng.randrange(50000) for _ in range(context)]
+            engine.runner.execute([BatchEntry(ids, 0, table, False, GREEDY, None)])
+        step = [BatchEntry([rng.randrange(50000)], context, t, True, GREEDY, None) for t in tables]
+        for _ in range(3):
+            engine.runner.execute(step)
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.runner.execute(step)  # ends in the sampled tokens' host sync
+            times.append((time.perf_counter() - start) * 1000)
+        return statistics.median(times)
+    finally:
+        for table in tables:
+            blocks.free(table)
+
+
+def step_timings(batches: list[int], contexts: list[int], repeats: int) -> dict:
+    peaks = measure_peaks("cuda", torch.bfloat16)
+    variants = {
+        "triton_graphs": dict(attention_backend="triton", cuda_graph=True),
+        "triton_eager": dict(attention_backend="triton", cuda_graph=False),
+        "torch_eager": dict(attention_backend="torch", cuda_graph=False),
+    }
+    rows = []
+    for name, options in variants.items():
+        engine = InferenceEngine.from_pretrained(
+            "gpt2",
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_size=max(batches),
+            num_kv_blocks=max(batches) * blocks_for(max(contexts) + 1, 16) + 16,
+            **options,
+        )
+        for context in contexts:
+            for batch in batches:
+                ms = time_decode_step(engine, batch, context, repeats)
+                floor_ms = (
+                    decode_step_cost(engine.model_config, [context + 1] * batch, 2).floor_s(peaks) * 1000
+                )
+                rows.append(
+                    {"variant": name, "batch": batch, "context": context, "step_ms": ms, "floor_ms": floor_ms}
+                )
+                print(
+                    f"{name:<14} batch {batch:>4} context {context:>5}: {ms:7.3f} ms (floor {floor_ms:.3f} ms)"
+                )
+        del engine
+        torch.cuda.empty_cache()
+    return {"rows": rows, "peaks": peaks}
+
+
+def offline_throughput(repeats: int) -> dict:
+    engine = InferenceEngine.from_pretrained(
+        "gpt2", device="cuda", dtype="bfloat16", max_batch_size=128, max_num_batched_tokens=8192
+    )
+    rng = random.Random(0)
+    prompts = [[rng.randrange(50000) for _ in range(256)] for _ in range(128)]
+    params = SamplingParams(max_new_tokens=64, stop_on_eos=False)
+    engine.generate(prompts[:8], params)  # warm-up
+    runs = []
+    for _ in range(repeats):
+        engine.block_manager.reset_prefix_cache()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = engine.generate(prompts, params, enable_prefix_cache=False)
+        runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
+    print(f"offline 128 x 256 -> 64: {statistics.median(runs):,.0f} output tok/s (runs {runs})")
+    return {"output_tok_s": statistics.median(runs), "runs": runs}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["gpt2-tiny", "gpt2"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1000])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--skip", nargs="*", default=[], choices=["tokens", "steps", "offline"])
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py needs a CUDA device")
+    metrics = {}
+    if "tokens" not in args.skip:
+        metrics["tokens"] = token_checks(args.models, 24)
+    if "steps" not in args.skip:
+        metrics["steps"] = step_timings(args.batches, args.contexts, args.repeats)
+    if "offline" not in args.skip:
+        metrics["offline"] = offline_throughput(3)
+    out = results_dir("cuda") / "gpu_check.json"
+    write_json(out, make_result("gpu_check", "cuda-engine", vars(args), metrics, "cuda"))
+    if "steps" in metrics:
+        rows = metrics["steps"]["rows"]
+        fig, axes = plots.figure(2)
+        context = 256 if 256 in args.contexts else args.contexts[0]
+        series = {
+            v: (
+                [r["batch"] for r in rows if r["variant"] == v and r["context"] == context],
+                [r["step_ms"] for r in rows if r["variant"] == v and r["context"] == context],
+            )
+            for v in ("torch_eager", "triton_eager", "triton_graphs")
+        }
+        series["roofline floor"] = (
+            series["triton_graphs"][0],
+            [r["floor_ms"] for r in rows if r["variant"] == "triton_graphs" and r["context"] == context],
+        )
+        plots.curve(
+            axes[0], series, "batch size", "decode step (ms)", f"gpt2 bf16, context {context}", logx=True
+        )
+        batch = 64 if 64 in args.batches else args.batches[-1]
+        series = {
+            v: (
+                [r["context"] for r in rows if r["variant"] == v and r["batch"] == batch],
+                [r["step_ms"] for r in rows if r["variant"] == v and r["batch"] == batch],
+            )
+            for v in ("torch_eager", "triton_eager", "triton_graphs")
+        }
+        plots.curve(axes[1], series, "context length", "decode step (ms)", f"gpt2 bf16, batch {batch}")
+        plots.save(fig, out.with_suffix(".png"))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
