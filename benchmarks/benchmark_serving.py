@@ -4,29 +4,22 @@
     python benchmarks/benchmark_serving.py --base-url http://127.0.0.1:8000 --num-prompts 64 \
         --input-len 256 --output-len 64 --request-rate 8 --ignore-eos
 
-Requests are streamed (SSE) with `stream_options.include_usage`, prompts are
-random token ids of exactly --input-len tokens. Arrivals are all at once
-(--request-rate inf) or gamma-distributed with mean 1/rate (--burstiness 1 =
-Poisson); --max-concurrency caps requests in flight. TTFT is the first text
-chunk, ITL the gaps between chunks, TPOT (E2E - TTFT) / (output tokens - 1)
-with the token count from the server's usage. Writes
-results/<device>/serving-<label>-rate<rate>.json.
+Requests are streamed (SSE) with `stream_options.include_usage`; prompts are
+random token ids of exactly --input-len tokens (or, with --prompt-format
+text, those ids decoded to text). Arrivals are all at once (--request-rate
+inf) or gamma-distributed with mean 1/rate (--burstiness 1 = Poisson);
+--max-concurrency caps requests in flight. Metric definitions: see
+roseinfer.bench.serving. Writes results/<device>/serving-<label>-rate<rate>.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
-import time
 from typing import Any
 
-import httpx
-
-from roseinfer.bench.metrics import RequestRecord, request_metrics, summarize
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.bench.workloads import poisson_arrivals, random_prompts
+from roseinfer.bench.serving import LoadSetup, run_load
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--label", default="roseinfer", help="names the result file (server, variant, ...)")
@@ -48,104 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--output-json", default=None)
     return p
-
-
-class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled, self.start = total, 0, enabled, time.perf_counter()
-
-    def step(self) -> None:
-        self.done += 1
-        if self.enabled:
-            width = 30
-            filled = width * self.done // self.total
-            rate = self.done / (time.perf_counter() - self.start)
-            sys.stderr.write(
-                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {rate:.1f} req/s"
-            )
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-async def one_request(client: httpx.AsyncClient, url: str, body: dict, record: RequestRecord) -> None:
-    record.start = time.perf_counter()
-    chunk_times: list[float] = []
-    async with client.stream("POST", url, json=body) as response:
-        if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")
-            raise RuntimeError(f"HTTP {response.status_code}: {text[:200]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: ") :]
-            if data == "[DONE]":
-                break
-            payload = json.loads(data)
-            if "error" in payload:
-                raise RuntimeError(payload["error"].get("message"))
-            if payload.get("usage"):
-                record.extra["completion_tokens"] = payload["usage"]["completion_tokens"]
-            if any(c.get("text") for c in payload.get("choices", [])):
-                chunk_times.append(time.perf_counter())
-    record.end = time.perf_counter()
-    record.extra["chunk_times"] = chunk_times
-
-
-async def run(args) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=args.base_url, headers=headers, timeout=args.timeout, limits=limits
-    ) as client:
-        model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
-        workload = random_prompts(args.num_prompts, args.input_len, args.output_len, args.seed)
-        arrivals = poisson_arrivals(args.num_prompts, args.request_rate, args.burstiness, args.seed)
-        gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-        progress = Progress(args.num_prompts, not args.no_progress)
-        records = [RequestRecord(start=0.0, prompt_tokens=args.input_len) for _ in workload]
-        errors: list[str] = []
-
-        async def launch(i: int, t0: float) -> None:
-            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
-            body = {
-                "model": model,
-                "prompt": workload[i].prompt_token_ids,
-                "max_tokens": workload[i].max_new_tokens,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if args.ignore_eos:
-                body["ignore_eos"] = True
-            try:
-                if gate is None:
-                    await one_request(client, "/v1/completions", body, records[i])
-                else:
-                    async with gate:
-                        await one_request(client, "/v1/completions", body, records[i])
-            except Exception as exc:  # counted, reported; the run goes on
-                errors.append(f"request {i}: {exc}")
-            progress.step()
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(launch(i, t0) for i in range(args.num_prompts)))
-        duration = time.perf_counter() - t0
-    ok = [r for r in records if r.end is not None and "chunk_times" in r.extra]
-    for r in ok:
-        # One "token time" per chunk for TTFT/ITL; the usage count for TPOT and throughput.
-        r.token_times = r.extra["chunk_times"]
-    metrics = request_metrics(ok, duration)
-    n_tokens = [int(r.extra.get("completion_tokens", len(r.token_times))) for r in ok]
-    metrics["total_output_tokens"] = sum(n_tokens)
-    metrics["output_throughput_tok_s"] = sum(n_tokens) / duration
-    metrics["tpot_ms"] = summarize(
-        ((r.latency - r.ttft) / (n - 1) for r, n in zip(ok, n_tokens) if n > 1 and r.ttft is not None), 1000
-    )
-    metrics["failed"] = len(errors)
-    metrics["errors"] = errors[:10]
-    metrics["model"] = model
-    return metrics
 
 
 def report(args, m: dict[str, Any]) -> None:
@@ -164,7 +60,23 @@ def report(args, m: dict[str, Any]) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    metrics = asyncio.run(run(args))
+    setup = LoadSetup(
+        base_url=args.base_url,
+        model=args.model,
+        api_key=args.api_key,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        ignore_eos=args.ignore_eos,
+        seed=args.seed,
+        timeout=args.timeout,
+        prompt_format=args.prompt_format,
+        progress=not args.no_progress,
+    )
+    metrics = asyncio.run(run_load(setup))
     report(args, metrics)
     config = {k: v for k, v in vars(args).items() if k not in ("output_json", "no_progress", "api_key")}
     rate = "inf" if args.request_rate == float("inf") else f"{args.request_rate:g}"

@@ -65,6 +65,25 @@ def compare_hf_section(results: Path) -> str:
     )
 
 
+def serving_section(results: Path) -> str:
+    rows = []
+    for path in sorted(results.glob("*/serving-sweep.json")):
+        r = read_json(path)
+        for name, block in r["metrics"].items():
+            for p in block["points"]:
+                rate = "all at once" if p["request_rate"] == float("inf") else f"{p['request_rate']:g}/s"
+                rows.append(
+                    f"| {r['device']} | {name} | {rate} | {_fmt(p['output_throughput_tok_s'])} | "
+                    f"{p['ttft_ms']['p50']:.0f} | {p['tpot_ms']['p50']:.1f} | {p['failed']} |"
+                )
+    if not rows:
+        return "_no results yet: run the command above_"
+    return (
+        "| device | server | request rate | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | failed |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def _median(values) -> float:
     data = sorted(values)
     return data[(len(data) - 1) // 2]
@@ -110,6 +129,35 @@ def _headline(name: str, m: dict) -> str:
             f"batch {m['batch_sizes'][-1]}: {m['before_locks_per_step'][-1]:.0f} → "
             f"{m['after_locks_per_step'][-1]:.0f} lock acquisitions per step"
         )
+    if name == "nb08_paged_attention":
+        big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
+        return (
+            f"the gather copies {big['gather_mb']:.0f} MiB per layer at batch {big['batch']} × {big['context']} "
+            f"({big['torch_ms']:.1f} ms); the kernel copies nothing"
+            + ("" if m["gpu_reference"] else " (its GPU timing: not yet measured)")
+        )
+    if name == "nb09_cuda_graphs":
+        if m["rows"]:
+            eager = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_eager"}
+            graph = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_graphs"}
+            b = max(set(eager) & set(graph))
+            return f"batch {b}: decode step {eager[b]:.3f} → {graph[b]:.3f} ms"
+        return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
+    if name == "nb10_prefix_cache":
+        return (
+            f"TTFT p50 {_median(m['before_ttft_p50_ms']):.0f} → {_median(m['after_ttft_p50_ms']):.0f} ms"
+            f"{_noise(m['before_ttft_p50_ms'], m['after_ttft_p50_ms'])}; "
+            f"{m['sequential_kv']['prefix_cache_hit_rate']:.0%} of prompt tokens from the cache"
+        )
+    if name == "nb11_final_server":
+        ours = m["roseinfer"][-1]
+        if "hf_serve" in m:
+            theirs = m["hf_serve"][-1]
+            return (
+                f"all at once: transformers serve {_fmt(theirs['output_throughput_tok_s'])} → roseinfer "
+                f"{_fmt(ours['output_throughput_tok_s'])} output tok/s"
+            )
+        return f"all at once: {_fmt(ours['output_throughput_tok_s'])} output tok/s"
     return ""
 
 
@@ -130,6 +178,14 @@ NOTEBOOKS = [
     ),
     ("06_scheduler_accessors", "nb06_scheduler_accessors", "private scheduler state → public accessors"),
     ("07_batched_worker_lookups", "nb07_batched_worker_lookups", "a lock per token → a lock per step"),
+    ("08_paged_attention", "nb08_paged_attention", "gather + SDPA → a Triton kernel reading the block table"),
+    ("09_cuda_graphs", "nb09_cuda_graphs", "eager decode → CUDA graph replay"),
+    ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
+    (
+        "11_final_server",
+        "nb11_final_server",
+        "`python -m roseinfer.server`, loaded at several rates, next to `transformers serve`",
+    ),
 ]
 
 
@@ -148,6 +204,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "batching": batching_section,
     "compare_hf": compare_hf_section,
     "notebooks": notebooks_section,
+    "serving": serving_section,
 }
 
 

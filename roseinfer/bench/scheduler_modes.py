@@ -38,6 +38,7 @@ class Run:
         self.engine, self.args, self.params = engine, args, params
         self.decode_s = 0.0
         self.steps = 0
+        self.kv_stats: dict[str, Any] = {}  # the scheduler's counters after an online/offline run
 
     def scheduler(self) -> OnlineScheduler:
         return OnlineScheduler(
@@ -94,6 +95,7 @@ class Run:
                 time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
         for rid, rec in records.items():
             rec.scheduled = scheduler.pop_response(rid).metrics.first_scheduled_time
+        self.kv_stats = scheduler.kv_stats()
         return list(records.values())
 
 
@@ -112,6 +114,7 @@ def run_mode(engine, args: SchedulerSetup, mode: str, workload: list[BenchReques
     metrics = request_metrics(records, total)
     out_tokens = metrics["total_output_tokens"]
     metrics.update(
+        kv=run.kv_stats,
         total_time_s=total,
         decode_time_s=run.decode_s,
         steps=run.steps,
