@@ -354,7 +354,7 @@ def create_app(
             request,
             streams,
             req.stream,
-            lambda abort: _completion_events(base, streams, req.include_usage, abort),
+            lambda abort: _sse_stream(_completion_events(base, streams, req.include_usage), abort),
             to_json,
         )
 
@@ -403,7 +403,7 @@ def create_app(
             request,
             streams,
             req.stream,
-            lambda abort: _chat_events(base, streams, req.include_usage, abort),
+            lambda abort: _sse_stream(_chat_events(base, streams, req.include_usage), abort),
             to_json,
         )
 
@@ -412,7 +412,8 @@ def create_app(
         streams = submit_all([(req.prompt, req.sampling_params())])
         if req.stream:
             return StreamingResponse(
-                _text_chunks(streams[0], abort_all(streams)), media_type="text/plain; charset=utf-8"
+                _until_client_leaves(_text_pieces(streams[0]), abort_all(streams)),
+                media_type="text/plain; charset=utf-8",
             )
         [(text, end)] = await _until_disconnect(request, collect(streams), abort_all(streams))
         return JSONResponse(
@@ -434,77 +435,70 @@ def _total_usage(ends) -> dict[str, int]:
     return usage(sum(e.prompt_tokens for e in ends), sum(e.completion_tokens for e in ends))
 
 
+async def _until_client_leaves(events: AsyncIterator[str], abort, on_error=None) -> AsyncIterator[str]:
+    """Pass `events` through; a failed generation becomes `on_error(exc)` (if given) and ends the
+    stream; a client that goes away before the end has its requests aborted."""
+    finished = False
+    try:
+        async with aclosing(events) as inner:
+            async for event in inner:
+                yield event
+        finished = True
+    except StreamClosedError as exc:
+        finished = True
+        if on_error is not None:
+            yield on_error(exc)
+    finally:
+        if not finished:
+            abort()
+
+
 def _error_event(exc: Exception) -> str:
     return _sse(error_body(f"generation failed: {exc}", "service_unavailable_error", code=503))
 
 
-async def _completion_events(base, streams, include_usage, abort) -> AsyncIterator[str]:
-    extra = {"usage": None} if include_usage else {}
-    ends: list[StreamEnd] = []
-    finished = False
-    try:
-        async with aclosing(_merge(streams)) as merged:
-            async for i, item in merged:
-                if isinstance(item, StreamEnd):
-                    ends.append(item)
-                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": item.finish_reason}
-                else:
-                    choice = {"index": i, "text": item, "logprobs": None, "finish_reason": None}
-                yield _sse({**base, "choices": [choice], **extra})
-        if include_usage:
-            yield _sse({**base, "choices": [], "usage": _total_usage(ends)})
-        finished = True
-    except StreamClosedError as exc:
-        yield _error_event(exc)
-        finished = True
-    finally:
-        if not finished:  # the client went away mid-stream
-            abort()
+async def _sse_stream(events: AsyncIterator[str], abort) -> AsyncIterator[str]:
+    """OpenAI's SSE framing: the events, an error event if generation failed, then [DONE]."""
+    async for event in _until_client_leaves(events, abort, _error_event):
+        yield event
     yield _sse("[DONE]")
 
 
-async def _chat_events(base, streams, include_usage, abort) -> AsyncIterator[str]:
+async def _completion_events(base, streams, include_usage) -> AsyncIterator[str]:
+    extra = {"usage": None} if include_usage else {}
+    ends: list[StreamEnd] = []
+    async with aclosing(_merge(streams)) as merged:
+        async for i, item in merged:
+            if isinstance(item, StreamEnd):
+                ends.append(item)
+                choice = {"index": i, "text": "", "logprobs": None, "finish_reason": item.finish_reason}
+            else:
+                choice = {"index": i, "text": item, "logprobs": None, "finish_reason": None}
+            yield _sse({**base, "choices": [choice], **extra})
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": _total_usage(ends)})
+
+
+async def _chat_events(base, streams, include_usage) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, str], finish_reason: str | None = None) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return _sse({**base, "choices": [choice], **extra})
 
-    finished = False
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        async with aclosing(_merge(streams)) as merged:
-            async for _, item in merged:
-                if isinstance(item, StreamEnd):
-                    yield chunk({}, item.finish_reason)
-                    if include_usage:
-                        yield _sse(
-                            {
-                                **base,
-                                "choices": [],
-                                "usage": usage(item.prompt_tokens, item.completion_tokens),
-                            }
-                        )
-                else:
-                    yield chunk({"content": item})
-        finished = True
-    except StreamClosedError as exc:
-        yield _error_event(exc)
-        finished = True
-    finally:
-        if not finished:
-            abort()
-    yield _sse("[DONE]")
+    yield chunk({"role": "assistant", "content": ""})
+    async with aclosing(_merge(streams)) as merged:
+        async for _, item in merged:
+            if isinstance(item, StreamEnd):
+                yield chunk({}, item.finish_reason)
+                if include_usage:
+                    yield _sse(
+                        {**base, "choices": [], "usage": usage(item.prompt_tokens, item.completion_tokens)}
+                    )
+            else:
+                yield chunk({"content": item})
 
 
-async def _text_chunks(stream: RequestStream, abort) -> AsyncIterator[str]:
-    finished = False
-    try:
-        async for piece in stream:
-            yield piece
-        finished = True
-    except StreamClosedError:
-        finished = True  # a plain-text stream can only end; the client sees it cut short
-    finally:
-        if not finished:
-            abort()
+async def _text_pieces(stream: RequestStream) -> AsyncIterator[str]:
+    async for piece in stream:
+        yield piece
