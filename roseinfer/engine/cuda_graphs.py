@@ -63,6 +63,7 @@ class DecodeGraphs:
         pin = self.device.type == "cuda"
         self._host_rows = torch.zeros((4, n), dtype=torch.int64, pin_memory=pin)  # ids, positions, slots, ctx
         self._host_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+        self._host_rows_np, self._host_tables_np = self._host_rows.numpy(), self._host_tables.numpy()
         self._rows = torch.zeros((4, n), dtype=torch.int64, device=self.device)
         self._tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=self.device)
         self._context_lens = torch.ones(n, dtype=torch.int32, device=self.device)
@@ -117,20 +118,25 @@ class DecodeGraphs:
         block_tables: Sequence[Sequence[int]],
         bucket: int,
     ) -> None:
-        """Fill the static inputs: real rows first, padding rows after (no write, a one-token context)."""
+        """Fill the static inputs: real rows first, padding rows after (no write, a one-token context).
+
+        The host side writes through numpy views of the pinned buffers: per row
+        that is a list assignment, not a tensor construction.
+        """
         batch = len(token_ids)
-        rows = self._host_rows
+        rows = self._host_rows_np
         rows[:, :bucket] = 0
         rows[2, :bucket] = -1
         rows[3, :bucket] = 1
-        rows[0, :batch] = torch.tensor(token_ids, dtype=torch.int64)
-        rows[1, :batch] = torch.tensor(positions, dtype=torch.int64)
-        rows[2, :batch] = torch.tensor(slots, dtype=torch.int64)
+        rows[0, :batch] = token_ids
+        rows[1, :batch] = positions
+        rows[2, :batch] = slots
         rows[3, :batch] = rows[1, :batch] + 1
-        tables = self._host_tables
+        tables = self._host_tables_np
         tables[:bucket] = 0
         for i, table in enumerate(block_tables):
-            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            tables[i, : len(table)] = table
+        rows, tables = self._host_rows, self._host_tables
         self._rows[:, :bucket].copy_(rows[:, :bucket], non_blocking=True)
         self._tables[:bucket].copy_(tables[:bucket], non_blocking=True)
         self._context_lens[:bucket].copy_(self._rows[3, :bucket])
