@@ -143,3 +143,13 @@ def test_embedded_default_gpt2_works_offline_and_says_its_weights_are_random(cap
     assert any("RANDOM weights" in r.getMessage() and "gpt2" in r.getMessage() for r in caplog.records)
     out = engine.generate(["Hello"], SamplingParams(max_new_tokens=3, stop_on_eos=False))[0]
     assert len(out.token_ids) == 3
+
+
+def test_kv_pool_from_a_block_count_or_a_memory_budget(hf_tiny_dir):
+    by_count = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=40)
+    assert by_count.num_kv_blocks == 40 and by_count.runner.kv_cache.shape[2] == 40
+    # tiny: 2 layers x (K, V) x 16 tokens x 64 values x 4 bytes = 16 KiB a block; 1 MiB holds 64
+    by_budget = InferenceEngine.from_pretrained(str(hf_tiny_dir), kv_cache_memory_gb=1 / 1024)
+    assert by_budget.num_kv_blocks == 64
+    # never less than one full-context request (256 tokens = 16 blocks)
+    assert InferenceEngine.from_pretrained(str(hf_tiny_dir), kv_cache_memory_gb=1e-6).num_kv_blocks == 16

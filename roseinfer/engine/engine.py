@@ -8,7 +8,9 @@
 The engine owns the model, the KV cache pool (tensor and block bookkeeping)
 and the tokenizer. Generation always goes through an `OnlineScheduler` over
 the paged KV cache, the same code path the server uses: `generate` is "add all
-prompts, step until done".
+prompts, step until done". Several schedulers may share one engine (they
+allocate disjoint blocks and share cached prefixes), but one thread at a time
+steps them: in the server that is the manager's worker.
 """
 
 from __future__ import annotations

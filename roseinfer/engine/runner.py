@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from roseinfer.config import ModelConfig
@@ -67,38 +68,53 @@ class ModelRunner:
     def prepare(
         self, batch: Sequence[BatchEntry]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """(input_ids, positions, attention metadata, indices of the rows to sample)."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
-        sample_rows: list[int] = []
-        for entry in batch:
-            n = len(entry.token_ids)
-            start = entry.start_pos
-            input_ids += entry.token_ids
-            positions += range(start, start + n)
-            table = entry.block_table
-            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-            query_start_loc.append(query_start_loc[-1] + n)
-            context_lens.append(start + n)
-            if entry.sample:
-                sample_rows.append(query_start_loc[-1] - 1)
-        max_blocks = max(len(e.block_table) for e in batch)
-        tables = [e.block_table + [0] * (max_blocks - len(e.block_table)) for e in batch]
+        """(input_ids, positions, attention metadata, indices of the rows to sample).
 
-        def to_device(values, dtype=torch.int64) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        Built in numpy, then one tensor per array: constructing torch tensors
+        from nested Python lists costs more than the rest of a decode step's
+        bookkeeping together.
+        """
+        bs = self.block_size
+        lens = np.fromiter((len(e.token_ids) for e in batch), np.int64, len(batch))
+        starts = np.fromiter((e.start_pos for e in batch), np.int64, len(batch))
+        query_start_loc = np.zeros(len(batch) + 1, np.int64)
+        np.cumsum(lens, out=query_start_loc[1:])
+        context_lens = starts + lens
+        if lens.max() == 1:  # a decode step: one token per sequence
+            input_ids = np.fromiter((e.token_ids[0] for e in batch), np.int64, len(batch))
+            positions = starts
+            slots = np.fromiter(
+                (e.block_table[p // bs] * bs + p % bs for e, p in zip(batch, starts.tolist())),
+                np.int64,
+                len(batch),
+            )
+        else:
+            input_ids = np.fromiter(
+                (t for e in batch for t in e.token_ids), np.int64, int(query_start_loc[-1])
+            )
+            positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts.tolist(), lens.tolist())])
+            slots = np.concatenate(
+                [
+                    np.asarray(e.block_table, np.int64)[np.arange(s, s + n) // bs] * bs
+                    + np.arange(s, s + n) % bs
+                    for e, s, n in zip(batch, starts.tolist(), lens.tolist())
+                ]
+            )
+        tables = np.zeros((len(batch), max(len(e.block_table) for e in batch)), np.int32)
+        for i, e in enumerate(batch):
+            tables[i, : len(e.block_table)] = e.block_table
+        sample_rows = (query_start_loc[1:] - 1)[[e.sample for e in batch]]
+
+        def to_device(array: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.from_numpy(array).to(device=self.device, dtype=dtype, non_blocking=True)
 
         meta = AttentionMetadata(
             slot_mapping=to_device(slots),
             block_tables=to_device(tables, torch.int32),
             context_lens=to_device(context_lens, torch.int32),
             query_start_loc=to_device(query_start_loc, torch.int32),
-            max_query_len=max(len(e.token_ids) for e in batch),
-            max_context_len=max(context_lens),
+            max_query_len=int(lens.max()),
+            max_context_len=int(context_lens.max()),
         )
         return to_device(input_ids), to_device(positions), meta, to_device(sample_rows)
 

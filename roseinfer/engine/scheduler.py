@@ -171,38 +171,42 @@ class OnlineScheduler:
         if not scheduled:
             return {}
         self._num_steps += 1
-        num_prompt_tokens = sum(
-            max(0, min(seq.num_computed_tokens + n, seq.num_prompt_tokens) - seq.num_computed_tokens)
-            for seq, n in scheduled
-        )
-        self._last_step = {
-            "batch_size": len(scheduled),
-            "num_tokens": sum(n for _, n in scheduled),
-            "num_prompt_tokens": num_prompt_tokens,
-        }
         now = time.perf_counter()
         entries = []
+        num_tokens = num_prompt_tokens = 0
         for seq, n in scheduled:
             start = seq.num_computed_tokens
+            end = start + n
+            num_tokens += n
+            if start < seq.num_prompt_tokens:
+                num_prompt_tokens += min(end, seq.num_prompt_tokens) - start
             entries.append(
                 BatchEntry(
-                    token_ids=seq.tokens(start, start + n),
-                    start_pos=start,
-                    block_table=seq.block_table,
-                    sample=start + n == seq.num_tokens,
-                    params=seq.params,
-                    generator=seq.generator,
+                    seq.tokens(start, end),
+                    start,
+                    seq.block_table,
+                    end == seq.num_tokens,
+                    seq.params,
+                    seq.generator,
                 )
             )
-            seq.metrics.num_steps += 1
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
+            metrics = seq.metrics
+            metrics.num_steps += 1
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+        self._last_step = {
+            "batch_size": len(scheduled),
+            "num_tokens": num_tokens,
+            "num_prompt_tokens": num_prompt_tokens,
+        }
         sampled = self._runner.execute(entries)
         now = time.perf_counter()
         produced: dict[int, int] = {}
+        block_size = self._blocks.block_size
         for (seq, n), token in zip(scheduled, sampled):
             seq.num_computed_tokens += n
-            if self.enable_prefix_cache:
+            # Only when a block has just filled up is there anything to register.
+            if self.enable_prefix_cache and seq.num_computed_tokens // block_size > len(seq.block_hashes):
                 self._register_full_blocks(seq)
             if token is None:
                 continue
