@@ -30,8 +30,11 @@ def host_us_per_step(batch: int, steps: int, repeats: int) -> list[float]:
     rng = random.Random(batch)
     scheduler = OnlineScheduler(engine, max_batch_size=batch)
     for _ in range(batch):
-        scheduler.add_request(prompt_token_ids=[rng.randrange(50000) for _ in range(200)],
-                              max_new_tokens=steps * (repeats + 1) + 8, stop_on_eos=False)
+        scheduler.add_request(
+            prompt_token_ids=[rng.randrange(50000) for _ in range(200)],
+            max_new_tokens=steps * (repeats + 1) + 8,
+            stop_on_eos=False,
+        )
     for _ in range(steps):  # prefill and warm-up
         scheduler.step()
     runs = []
@@ -53,10 +56,14 @@ def main(argv=None) -> int:
     for batch in args.batches:
         runs = host_us_per_step(batch, args.steps, args.repeats)
         rows.append({"batch": batch, "host_us_per_step": statistics.median(runs), "runs": runs})
-        print(f"batch {batch:>4}: {statistics.median(runs):7.1f} us of host work per decode step "
-              f"(runs {min(runs):.1f}-{max(runs):.1f})")
+        print(
+            f"batch {batch:>4}: {statistics.median(runs):7.1f} us of host work per decode step "
+            f"(runs {min(runs):.1f}-{max(runs):.1f})"
+        )
     out = results_dir("cpu") / "host_overhead.json"
-    write_json(out, make_result("host_overhead", "scheduler+runner+sampler", vars(args), {"rows": rows}, "cpu"))
+    write_json(
+        out, make_result("host_overhead", "scheduler+runner+sampler", vars(args), {"rows": rows}, "cpu")
+    )
     print(f"wrote {out}")
     return 0
 
