@@ -37,6 +37,7 @@ notebooks: install
 	for nb in notebooks/*.ipynb; do \
 		$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 "$$nb" || exit 1; \
 	done
+	$(PY) benchmarks/update_readme.py
 
 lint: install
 	$(PY) -m ruff check .
