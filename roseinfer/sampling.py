@@ -45,6 +45,10 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
 
+    def is_eos_stop(self, token_id: int, eos_token_id: int) -> bool:
+        """Whether this token ends the request as EOS: counted as generated, never shown as text."""
+        return self.stop_on_eos and token_id == eos_token_id
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

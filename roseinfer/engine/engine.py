@@ -194,7 +194,7 @@ class InferenceEngine:
         text = TextStream(self.tokenizer, params.stop)
         with closing(self.stream_tokens(prompt, params, **scheduler_options)) as tokens:
             for token in tokens:
-                if params.stop_on_eos and token == self.eos_token_id:
+                if params.is_eos_stop(token, self.eos_token_id):
                     continue  # EOS ends the text; it is not part of it
                 if piece := text.push(token):
                     yield piece

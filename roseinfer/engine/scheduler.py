@@ -309,7 +309,7 @@ class OnlineScheduler:
             seq.block_hashes.append(h)
 
     def _is_eos_stop(self, seq: Sequence, token: int) -> bool:
-        return seq.params.stop_on_eos and token == self._engine.eos_token_id
+        return seq.params.is_eos_stop(token, self._engine.eos_token_id)
 
     def _text_token_ids(self, seq: Sequence) -> list[int]:
         """The tokens that make the text: an EOS that ended the request is counted, not shown."""

@@ -85,8 +85,7 @@ class RequestStream:
         self.timings.token_times.append(now)
         if self.timings.first_token is None:
             self.timings.first_token = now
-        is_eos_stop = self.params.stop_on_eos and token_id == self._eos_token_id  # counted, not shown
-        if not is_eos_stop and (piece := self._text.push(token_id)):
+        if not self.params.is_eos_stop(token_id, self._eos_token_id) and (piece := self._text.push(token_id)):
             self._pending.append(piece)
         self._unflushed += 1
         if self.num_tokens == 1 or self._unflushed >= self._interval:
