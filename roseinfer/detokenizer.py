@@ -102,9 +102,18 @@ class TextStream:
         return out
 
     def _held_back(self) -> int:
-        """Length of the longest tail of the text that could still grow into a stop string."""
-        for n in range(min(self._longest - 1, len(self._text)), 0, -1):
-            tail = self._text[-n:]
-            if any(s.startswith(tail) for s in self._stops):
-                return n
-        return 0
+        """Length of the longest tail of the text that could still grow into a stop string.
+
+        Only tails that begin with a stop's first character can, so each stop
+        costs a few `find`s over its own length, not a scan of every tail.
+        """
+        text, end = self._text, len(self._text)
+        longest = 0
+        for stop in self._stops:
+            at = text.find(stop[0], max(0, end - len(stop) + 1))  # a tail shorter than the stop
+            while at != -1 and end - at > longest:
+                if stop.startswith(text[at:]):
+                    longest = end - at
+                    break
+                at = text.find(stop[0], at + 1)
+        return longest

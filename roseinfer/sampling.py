@@ -8,12 +8,21 @@ on which other requests share the batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from roseinfer.errors import InvalidRequestError
+
+# The bounds every request is held to, whichever route or API it comes from.
+# They are checked in the caller's thread, so nothing a request carries can
+# raise inside the engine's worker or slow the requests batched with it.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes (negatives wrap mod 2^64)
+GREEDY_EPSILON = 1e-5  # a temperature below this is greedy (as in vLLM): 1/T would overflow fp32 logits
+MAX_STOP_STRINGS = 4  # OpenAI's limit; stop matching runs on the worker for every generated token
+MAX_STOP_CHARS = 256  # total characters over all stop strings
 
 
 @dataclass
@@ -30,20 +39,46 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InvalidRequestError(
                 f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}", "max_tokens"
             )
-        if not self.temperature >= 0.0:
+        self.temperature = _finite_float(self.temperature, "temperature")
+        if self.temperature < 0.0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}", "temperature")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise InvalidRequestError(
                 f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}", "top_k"
             )
+        self.top_p = _finite_float(self.top_p, "top_p")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidRequestError(
+                f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed"
+            )
+        self._check_stop()
+
+    def _check_stop(self) -> None:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}", "stop"
+            )
+        total = sum(len(s) for s in self.stop)
+        if total > MAX_STOP_CHARS:
+            raise InvalidRequestError(
+                f"the stop strings have {total} characters in all; at most {MAX_STOP_CHARS} are allowed",
+                "stop",
+            )
+
+    def check_for_model(self, vocab_size: int) -> None:
+        """The bounds that depend on the model: top_k cannot exceed the vocabulary."""
+        if self.top_k > vocab_size:
+            raise InvalidRequestError(
+                f"top_k must be at most the vocabulary size ({vocab_size}), got {self.top_k}", "top_k"
+            )
 
     def is_eos_stop(self, token_id: int, eos_token_id: int) -> bool:
         """Whether this token ends the request as EOS: counted as generated, never shown as text."""
@@ -51,13 +86,29 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_EPSILON
 
     def make_generator(self, device: torch.device) -> torch.Generator | None:
         """A private random stream for a seeded sampled request, else None (global RNG)."""
         if self.greedy or self.seed is None:
             return None
         return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python
+
+
+def _finite_float(value: object, name: str) -> float:
+    """`value` as a finite float, or InvalidRequestError naming the field (NaN, ±inf, 1e400, "hot")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            as_float = float(value)
+        except OverflowError:
+            as_float = math.inf
+        if math.isfinite(as_float):
+            return as_float
+    raise InvalidRequestError(f"{name} must be a finite number, got {value!r}", name)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,12 @@ import time
 
 import uvicorn
 
+from roseinfer.server.api import ServerSettings, create_app
+from roseinfer.server.manager import SchedulerManager
+from roseinfer.server.metrics import ServerMetrics
+
+MODEL = "tiny"  # the name the test servers serve
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,3 +48,22 @@ class LiveServer:
     @property
     def manager(self):
         return self.app.state.manager
+
+
+def make_server(engine, api_key=None, max_request_bytes=1 << 20, **manager_options) -> LiveServer:
+    metrics = ServerMetrics()
+    manager = SchedulerManager(engine, on_finished=metrics.on_finished, **manager_options)
+    settings = ServerSettings(served_model_name=MODEL, api_key=api_key, max_request_bytes=max_request_bytes)
+    return LiveServer(create_app(manager, settings, metrics))
+
+
+def slowed_down(engine, seconds_per_step: float):
+    """Make every step take a while, so that requests overlap however fast the CPU is."""
+    execute = engine.runner.execute
+
+    def slow_execute(batch):
+        time.sleep(seconds_per_step)
+        return execute(batch)
+
+    engine.runner.execute = slow_execute
+    return engine

@@ -10,20 +10,8 @@ import httpx
 import openai
 import pytest
 
-from live_server import LiveServer
+from live_server import MODEL, make_server, slowed_down
 from roseinfer import InferenceEngine, SamplingParams
-from roseinfer.server.api import ServerSettings, create_app
-from roseinfer.server.manager import SchedulerManager
-from roseinfer.server.metrics import ServerMetrics
-
-MODEL = "tiny"
-
-
-def make_server(engine, api_key=None, max_request_bytes=1 << 20, **manager_options) -> LiveServer:
-    metrics = ServerMetrics()
-    manager = SchedulerManager(engine, on_finished=metrics.on_finished, **manager_options)
-    settings = ServerSettings(served_model_name=MODEL, api_key=api_key, max_request_bytes=max_request_bytes)
-    return LiveServer(create_app(manager, settings, metrics))
 
 
 @pytest.fixture(scope="module")
@@ -379,18 +367,6 @@ def test_disconnect_during_a_non_streaming_request_aborts_it(server):
     assert manager.stats()["inflight_requests"] == 0
 
 
-def slowed_down(engine, seconds_per_step: float):
-    """Make every step take a while, so that requests overlap however fast the CPU is."""
-    execute = engine.runner.execute
-
-    def slow_execute(batch):
-        time.sleep(seconds_per_step)
-        return execute(batch)
-
-    engine.runner.execute = slow_execute
-    return engine
-
-
 def test_overload_gets_429(hf_tiny_dir):
     engine = slowed_down(InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=128), 0.02)
     with make_server(engine, max_inflight_requests=2) as live:
@@ -406,6 +382,7 @@ def test_overload_gets_429(hf_tiny_dir):
             r = httpx.post(live.base_url + "/v1/completions", json={**body, "stream": False})
             assert r.status_code == 429
             assert r.json()["error"]["type"] == "rate_limit_error"
+            assert r.headers["retry-after"] == "1"
         # Closing the two streams aborted them: there is room again.
         assert (
             httpx.post(
@@ -459,3 +436,7 @@ def test_worker_failure_ends_streams_and_turns_health_503(hf_tiny_dir):
         assert httpx.get(base + "/health").status_code == 503
         r = httpx.post(base + "/v1/completions", json={**body, "stream": False})
         assert r.status_code == 503 and "error" in r.json()
+        # The gauges say the engine is down, not what its last step looked like.
+        assert metric(live, "roseinfer:engine_healthy") == 0
+        assert metric(live, "roseinfer:num_requests_running") == 0
+        assert metric(live, "roseinfer:num_requests_waiting") == 0

@@ -22,6 +22,7 @@ own. The request state is private; callers use the public methods.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ from roseinfer.engine.sequence import (
 )
 from roseinfer.errors import InvalidRequestError
 from roseinfer.sampling import SamplingParams
+
+logger = logging.getLogger("roseinfer.engine")
 
 if TYPE_CHECKING:
     from roseinfer.engine.engine import InferenceEngine
@@ -125,6 +128,7 @@ class OnlineScheduler:
         Reads only configuration, so another thread may call it (the server
         validates and tokenizes before it queues anything).
         """
+        params.check_for_model(self._engine.model_config.vocab_size)
         token_ids = self._prompt_tokens(prompt, prompt_token_ids)
         self._check_fits(len(token_ids), params.max_new_tokens)
         return token_ids
@@ -214,7 +218,11 @@ class OnlineScheduler:
             produced[seq.request_id] = token
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            reason = self._finish_reason(seq, token)
+            try:
+                reason = self._finish_reason(seq, token)
+            except Exception as exc:  # this request's own stop strings or text: it fails alone
+                logger.exception("request %s failed; the others go on", seq.request_id)
+                seq.error, reason = repr(exc), "error"
             if reason is not None:
                 self._finish(seq, reason, now)
         return produced
@@ -368,6 +376,10 @@ class OnlineScheduler:
     def get_finish_reason(self, request_id: int) -> str | None:
         return self._get(request_id).finish_reason
 
+    def get_error(self, request_id: int) -> str | None:
+        """Why the request failed (its finish reason is then "error"), else None."""
+        return self._get(request_id).error
+
     def pop_finished_ids(self) -> list[int]:
         """Ids of the requests finished since the last call."""
         ids, self._finished_ids = self._finished_ids, []
@@ -390,6 +402,7 @@ class OnlineScheduler:
             token_ids=list(seq.output_token_ids),
             finish_reason=seq.finish_reason,
             metrics=seq.metrics,
+            error=seq.error,
         )
 
     def discard_request(self, request_id: int) -> bool:

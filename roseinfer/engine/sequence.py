@@ -35,8 +35,9 @@ class GenerationOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string), "length", or "error" (this request alone failed)
     metrics: RequestMetrics
+    error: str | None = None  # what failed, when finish_reason is "error"
 
 
 @dataclass(eq=False)
@@ -54,6 +55,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
     finish_reason: str | None = None
+    error: str | None = None  # why the request failed, when finish_reason is "error"
 
     @property
     def num_tokens(self) -> int:

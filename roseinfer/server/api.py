@@ -58,13 +58,22 @@ _ERROR_TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         type_ = _ERROR_TYPES.get(self.status, "server_error")
-        return JSONResponse(error_body(self.message, type_, self.param, self.code), status_code=self.status)
+        body = error_body(self.message, type_, self.param, self.code)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 @dataclass
@@ -108,7 +117,8 @@ def _submit_error(exc: Exception) -> APIError:
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), exc.param)
     if isinstance(exc, OverloadedError):
-        return APIError(429, f"the server is overloaded: {exc}; retry later")
+        # A slot frees up as soon as one request ends: a second is a fair first wait.
+        return APIError(429, f"the server is overloaded: {exc}; retry later", headers={"Retry-After": "1"})
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc))
     raise exc
@@ -411,7 +421,7 @@ def create_app(
     async def generate(req: GenerateRequest, request: Request) -> Response:
         streams = submit_all([(req.prompt, req.sampling_params())])
         if req.stream:
-            return StreamingResponse(
+            return CutOnFailureResponse(
                 _until_client_leaves(_text_pieces(streams[0]), abort_all(streams)),
                 media_type="text/plain; charset=utf-8",
             )
@@ -436,8 +446,9 @@ def _total_usage(ends) -> dict[str, int]:
 
 
 async def _until_client_leaves(events: AsyncIterator[str], abort, on_error=None) -> AsyncIterator[str]:
-    """Pass `events` through; a failed generation becomes `on_error(exc)` (if given) and ends the
-    stream; a client that goes away before the end has its requests aborted."""
+    """Pass `events` through; a failed generation becomes `on_error(exc)` and ends the stream
+    (without `on_error`, the StreamClosedError goes on to the response); a client that goes
+    away before the end has its requests aborted."""
     finished = False
     try:
         async with aclosing(events) as inner:
@@ -446,11 +457,36 @@ async def _until_client_leaves(events: AsyncIterator[str], abort, on_error=None)
         finished = True
     except StreamClosedError as exc:
         finished = True
-        if on_error is not None:
-            yield on_error(exc)
+        if on_error is None:
+            raise
+        yield on_error(exc)
     finally:
         if not finished:
             abort()
+
+
+class CutOnFailureResponse(StreamingResponse):
+    """/generate's plain-text stream, whose failure is visible on the wire.
+
+    Plain text has no error event, so when generation fails (the worker died,
+    the server is shutting down) the stream sends one last line,
+    `\n[roseinfer error] generation failed: ...`, and then returns without the
+    final empty chunk: the server closes the connection mid-body, and every
+    HTTP client reports a truncated transfer instead of a finished answer.
+    """
+
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send(
+                    {"type": "http.response.body", "body": chunk.encode(self.charset), "more_body": True}
+                )
+        except StreamClosedError as exc:
+            line = f"\n[roseinfer error] generation failed: {exc}\n".encode(self.charset, "backslashreplace")
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _error_event(exc: Exception) -> str:

@@ -51,6 +51,10 @@ class EngineDeadError(RuntimeError):
     """The worker has failed or the server is shutting down (HTTP 503)."""
 
 
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (the scheduler ended it with finish reason "error")."""
+
+
 class StreamingFrontend:
     """What every manager variant shares: validation, admission limits, stream registry.
 
@@ -252,7 +256,12 @@ class SchedulerManager(StreamingFrontend):
         """Scheduler and KV-pool counters as of the last step (safe from any thread)."""
         stats = self._stats
         waiting = stats["num_waiting"] + len(self._pending)  # queued, not yet handed to the scheduler
-        return {**stats, "num_waiting": waiting, "inflight_requests": len(self._streams)}
+        return {
+            **stats,
+            "num_waiting": waiting,
+            "inflight_requests": len(self._streams),
+            "healthy": self.healthy,
+        }
 
     # -- worker ---------------------------------------------------------------------
     def _worker_loop(self) -> None:
@@ -278,9 +287,12 @@ class SchedulerManager(StreamingFrontend):
         for rid in aborts:
             self._scheduler.discard_request(rid)
         for s in pending:
-            self._scheduler.add_request(
-                prompt_token_ids=s.prompt_token_ids, params=s.params, request_id=s.request_id
-            )
+            try:
+                self._scheduler.add_request(
+                    prompt_token_ids=s.prompt_token_ids, params=s.params, request_id=s.request_id
+                )
+            except Exception as exc:  # validated by the caller, so this is a bug: it costs one request
+                self._fail_request(s, exc, scheduled=False)
         if aborts:
             self._publish_stats()
         return True
@@ -310,14 +322,45 @@ class SchedulerManager(StreamingFrontend):
         return records
 
     def _deliver(self, records: list[StepRecord], finished: list[int]) -> None:
-        """Detokenize and hand over, outside the lock."""
+        """Detokenize and hand over, outside the lock.
+
+        A failure that belongs to one request (its stop strings, its text)
+        ends that request alone, with an error on its stream; only a failure
+        of the step itself (`_worker_loop`) ends every stream.
+        """
         now = time.perf_counter()
-        outcomes = {rid: self._pop_finished(rid) for rid in finished}
+        outcomes = {rid: self._finish_outcome(rid) for rid in finished}
         for record in records:
-            if record.token is not None:
-                record.stream.on_token(record.token, now)
-            if record.finished:
-                self._finished(record.stream, *outcomes[record.stream.request_id], now)
+            stream = record.stream
+            try:
+                if record.token is not None:
+                    stream.on_token(record.token, now)
+                if record.finished:
+                    error, finish_reason, metrics = outcomes[stream.request_id]
+                    if error is not None:
+                        raise RequestFailedError(error)
+                    self._finished(stream, finish_reason, metrics, now)
+            except Exception as exc:
+                self._fail_request(stream, exc, scheduled=not record.finished)
+
+    def _finish_outcome(self, request_id: int) -> tuple[str | None, str | None, RequestMetrics | None]:
+        """(error, finish reason, metrics) of a finished request, which leaves the scheduler."""
+        try:
+            error = self._scheduler.get_error(request_id)
+            return (error, *self._pop_finished(request_id))
+        except Exception as exc:
+            self._scheduler.discard_request(request_id)
+            return repr(exc), None, None
+
+    def _fail_request(self, stream: RequestStream, exc: Exception, scheduled: bool) -> None:
+        """End one request with an error; the others are untouched. Worker thread only."""
+        if not isinstance(exc, RequestFailedError):
+            logger.exception("request %s failed; the others go on", stream.request_id, exc_info=exc)
+        with self._lock:
+            self._streams.pop(stream.request_id, None)
+        if scheduled:
+            self._scheduler.discard_request(stream.request_id)  # frees its KV blocks
+        stream.fail(f"this request failed in the engine: {exc}")
 
     def _pop_finished(self, request_id: int) -> tuple[str, RequestMetrics]:
         """Take a finished request out of the scheduler, through its public accessor."""
@@ -342,4 +385,6 @@ class SchedulerManager(StreamingFrontend):
         with self._lock:
             self._error = exc
             self._pending.clear()
+        # The last step's gauges no longer describe anything: nothing runs, nothing waits.
+        self._stats = {**self._stats, "num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
         self._end_all_streams(f"the engine worker failed: {exc!r}")

@@ -82,6 +82,10 @@ class ServerMetrics:
         running.set_function(lambda: self._stats().get("num_running", 0))
         waiting.set_function(lambda: self._stats().get("num_waiting", 0))
         usage.set_function(lambda: self._stats().get("kv_cache_usage", 0.0))
+        healthy = Gauge(
+            "roseinfer:engine_healthy", "1 while the engine worker can serve, 0 once it failed", registry=r
+        )
+        healthy.set_function(lambda: float(self._stats().get("healthy", True)))
         self.prompt_tokens = Counter("roseinfer:prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("roseinfer:generation_tokens", "Tokens generated", registry=r)
         self.request_success = Counter(

@@ -4,20 +4,57 @@ Unknown fields are refused (400 naming the field) rather than silently
 ignored. OpenAI fields that roseinfer does not implement are accepted only at
 their neutral value (n=1, logprobs off, no penalties...), so a client that
 relies on one learns it at once.
+
+Every field is checked here or in `SamplingParams`, in the handler's thread,
+before anything reaches the engine's worker: numbers must be finite (NaN and
+Infinity literals are refused), seeds fit a 64-bit generator, and every string,
+however deeply nested, must be encodable as UTF-8 (a lone surrogate such as
+"\ud800" is refused with the field's path).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from roseinfer.errors import InvalidRequestError
-from roseinfer.sampling import SamplingParams
+from roseinfer.sampling import SEED_MAX, SEED_MIN, SamplingParams
+
+
+def first_unencodable_text(value: Any) -> str | None:
+    """The first string in `value` (nested lists and dicts, keys too) that UTF-8 cannot encode.
+
+    Iterative, so a deeply nested body cannot exhaust the stack.
+    """
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return None
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _encodable_text(cls, value: Any) -> Any:
+        if first_unencodable_text(value) is not None:
+            raise PydanticCustomError(
+                "unencodable_text", "contains text that cannot be encoded as UTF-8 (a lone surrogate?)"
+            )
+        return value
 
 
 class StreamOptions(StrictModel):
@@ -52,7 +89,7 @@ class SamplingFields(StrictModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # roseinfer/vLLM extension; -1 or 0: off
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM extension, used by load generators
@@ -79,8 +116,6 @@ class SamplingFields(StrictModel):
 
     def sampling_params(self, max_new_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stop) > 4:
-            raise InvalidRequestError("at most 4 stop sequences are allowed", "stop")
         return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -120,8 +155,7 @@ class TextPart(StrictModel):
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -164,7 +198,7 @@ class GenerateRequest(StrictModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop_on_eos: bool = True
     do_sample: bool = False  # False: greedy, whatever the temperature
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: list[str] | None = None
     stream: bool = False
 
@@ -189,4 +223,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    """OpenAI's error shape. Text that quotes the request is made encodable (a lone surrogate
+    becomes the six characters \\ud800), so an error about bad text never fails to be sent."""
+    return {
+        "error": {"message": _encodable(message), "type": type_, "param": _encodable(param), "code": code}
+    }
+
+
+def _encodable(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
