@@ -132,3 +132,19 @@ def test_text_stream_without_stop_passes_everything(tok):
     ids = tok.encode(TEXTS[3])
     stream = TextStream(tok)
     assert stream.push_many(ids) + stream.finish() == TEXTS[3]
+
+
+def test_held_back_tail_is_the_longest_that_could_grow_into_a_stop(tok):
+    """The held-back tail equals its definition: the longest tail that is a proper prefix of a stop."""
+    rng = random.Random(1)
+    alphabet = "ab a"
+    for _ in range(300):
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 7))) for _ in range(3)]
+        stream = TextStream(tok, stop=stops)
+        stream._text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        text = stream._text
+        expected = max(
+            (n for n in range(1, len(text) + 1) for s in stops if len(s) > n and s.startswith(text[-n:])),
+            default=0,
+        )
+        assert stream._held_back() == expected, (text, stops)
