@@ -522,9 +522,13 @@ async def _chat_events(base, streams, include_usage) -> AsyncIterator[str]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return _sse({**base, "choices": [choice], **extra})
 
-    yield chunk({"role": "assistant", "content": ""})
+    # The role goes out with the first token, not before it: a client that starts its
+    # first-token clock at the first chunk (vLLM's benchmark does) then measures a real TTFT.
+    role: dict[str, str] = {"role": "assistant"}
     async with aclosing(_merge(streams)) as merged:
         async for _, item in merged:
+            if role and isinstance(item, StreamEnd):  # ended before any text
+                yield chunk({**role, "content": ""})
             if isinstance(item, StreamEnd):
                 yield chunk({}, item.finish_reason)
                 if include_usage:
@@ -532,7 +536,8 @@ async def _chat_events(base, streams, include_usage) -> AsyncIterator[str]:
                         {**base, "choices": [], "usage": usage(item.prompt_tokens, item.completion_tokens)}
                     )
             else:
-                yield chunk({"content": item})
+                yield chunk({**role, "content": item})
+            role = {}
 
 
 async def _text_pieces(stream: RequestStream) -> AsyncIterator[str]:

@@ -1,9 +1,13 @@
 """Request and response bodies: OpenAI completions and chat, and roseinfer's /generate.
 
 Unknown fields are refused (400 naming the field) rather than silently
-ignored. OpenAI fields that roseinfer does not implement are accepted only at
-their neutral value (n=1, logprobs off, no penalties...), so a client that
-relies on one learns it at once.
+ignored, as a typo'd or unimplemented option would otherwise change nothing
+without a word (vLLM ignores them with a log line; roseinfer prefers the
+client to know). OpenAI fields, and the vLLM extensions load generators send,
+that roseinfer does not implement are accepted at their neutral value
+(n=1, logprobs null/false, penalties 0 or 1, min_p 0...) and refused with a
+400 naming the field at any other, so a client that relies on one learns it
+at once.
 
 Every field is checked here or in `SamplingParams`, in the handler's thread,
 before anything reaches the engine's worker: numbers must be finite (NaN and
@@ -78,6 +82,15 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None, False),
+    # vLLM's extensions that load generators send at their neutral value
+    # (`vllm bench serve` always sends repetition_penalty: 1.0).
+    "repetition_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+    "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "use_beam_search": (None, False),
 }
 
 
@@ -102,6 +115,13 @@ class SamplingFields(StrictModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    use_beam_search: bool | None = None
 
     def check_supported(self) -> None:
         for name, neutral in _NEUTRAL.items():
