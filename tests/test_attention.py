@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from roseinfer.model import cpu_attention
 from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention
+from roseinfer.model.cpu_attention import CpuPagedAttention
 
 
 def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float32):
@@ -84,12 +86,16 @@ CASES = {
 }
 
 
+BACKENDS = {"torch": TorchPagedAttention, "cpu": CpuPagedAttention}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 @pytest.mark.parametrize("case", CASES)
-def test_paged_equals_contiguous(case, block_size):
+def test_paged_equals_contiguous(case, block_size, backend):
     q, k, v, k_cache, v_cache, meta, seqs = build_case(CASES[case], block_size, seed=block_size)
     scale = 0.25
-    out = TorchPagedAttention().forward(q, k, v, k_cache, v_cache, meta, scale)
+    out = BACKENDS[backend]().forward(q, k, v, k_cache, v_cache, meta, scale)
     expected = contiguous_reference(*seqs, scale)
     assert out.shape == q.shape
     assert torch.isfinite(out).all()
@@ -101,3 +107,43 @@ def test_new_tokens_are_written_to_their_slots():
     TorchPagedAttention().forward(q, k, v, k_cache, v_cache, meta, 1.0)
     assert torch.equal(k_cache.view(-1, 4, 16)[meta.slot_mapping], k)
     assert torch.equal(v_cache.view(-1, 4, 16)[meta.slot_mapping], v)
+
+
+def test_the_cpu_backend_runs_decode_steps_through_the_fused_kernel(monkeypatch):
+    backend = CpuPagedAttention(num_threads=2)
+    assert backend.fused, "a C compiler is on every machine the tests run on"
+    calls = []
+    real = TorchPagedAttention.forward
+    monkeypatch.setattr(TorchPagedAttention, "forward", lambda *a: calls.append(1) or real(*a))
+    q, k, v, k_cache, v_cache, meta, _ = build_case(CASES["decode"], 16)
+    backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
+    assert not calls  # decode: the kernel
+    q, k, v, k_cache, v_cache, meta, _ = build_case(CASES["mixed"], 16)
+    backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
+    assert calls  # mixed: the reference
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_bf16_decode_matches_the_reference_in_bf16(threads):
+    seqs = [(1, 1), (15, 1), (16, 1), (17, 1), (129, 1)]
+    q, k, v, k_cache, v_cache, meta, _ = build_case(seqs, 16, heads=12, head_dim=64, dtype=torch.bfloat16)
+    fused = CpuPagedAttention(num_threads=threads).forward(q, k, v, k_cache, v_cache, meta, 0.125)
+    q32, k32, v32, kc32, vc32 = (t.float() for t in (q, k, v, k_cache, v_cache))
+    reference = TorchPagedAttention().forward(q32, k32, v32, kc32, vc32, meta, 0.125)
+    assert fused.dtype == torch.bfloat16
+    assert (fused.float() - reference).abs().max() <= 2e-2  # the output's own bf16 rounding
+
+
+def test_without_a_compiler_the_cpu_backend_falls_back(monkeypatch, tmp_path, caplog):
+    cpu_attention.load_paged_decode_kernel.cache_clear()
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("ROSEINFER_KERNEL_CACHE", str(tmp_path / "kernels"))
+    try:
+        backend = CpuPagedAttention()
+        assert not backend.fused
+        assert "did not build" in caplog.text
+        q, k, v, k_cache, v_cache, meta, seqs = build_case(CASES["decode"], 4)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
+        assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
+    finally:
+        cpu_attention.load_paged_decode_kernel.cache_clear()

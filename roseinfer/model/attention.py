@@ -157,17 +157,21 @@ class TritonPagedAttention:
 
 
 AttentionBackend = TorchPagedAttention | TritonPagedAttention
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "cpu", "triton")
 
 
 def default_attention_backend(device: torch.device) -> str:
-    """Triton on CUDA, the torch reference elsewhere."""
-    return "triton" if device.type == "cuda" else "torch"
+    """Triton on CUDA; on a CPU, the fused decode kernel over the torch reference."""
+    return "triton" if device.type == "cuda" else "cpu"
 
 
 def make_attention_backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchPagedAttention()
+    if name == "cpu":
+        from roseinfer.model.cpu_attention import CpuPagedAttention
+
+        return CpuPagedAttention()
     if name == "triton":
         from roseinfer.model.kernels import triton_available
 

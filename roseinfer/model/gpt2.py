@@ -49,10 +49,11 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.act = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"; Identity once fused into c_fc
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):
@@ -97,13 +98,17 @@ class GPT2(nn.Module):
         return packed(hidden) if packed is not None else F.linear(hidden, self.wte.weight)
 
     def pack_for_cpu(self) -> None:
-        """Store every projection, and a copy of the LM head, in oneDNN's layout (fp32 CPU).
+        """Store every projection, and a copy of the LM head, in oneDNN's layout (CPU, fp32 or bf16).
 
-        The LM head copy is kept out of the module tree (and the state_dict):
-        the embedding still needs the dense matrix. Call it after loading weights.
+        The MLP's GELU moves into its first matrix's kernel. The LM head copy is
+        kept out of the module tree (and the state_dict): the embedding still
+        needs the dense matrix. Call it after loading weights.
         """
         from roseinfer.model.packed_linear import PackedLinear, pack_linears
 
+        for block in self.h:
+            block.mlp.c_fc = PackedLinear.from_linear(block.mlp.c_fc, activation="gelu_tanh")
+            block.mlp.act = nn.Identity()
         pack_linears(self.h)
         self.__dict__["_packed_lm_head"] = PackedLinear(self.wte.weight, None)
 
