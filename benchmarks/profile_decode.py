@@ -1,0 +1,126 @@
+"""Where a decode step's time goes on this CPU: per operator, and host vs compute.
+
+    python benchmarks/profile_decode.py --model gpt2 --batches 1 32 --dtypes float32 bfloat16
+
+For each batch size and dtype, `batch` requests with 32-token prompts are
+prefilled, then decode steps are timed (wall clock, median of `--steps`), and
+split into the model's forward, the LM head + sampler, and the host's share
+(scheduling, batch tensors, bookkeeping: the step minus the two). A
+torch.profiler pass over the same steps gives the operators' self time,
+grouped by name, largest first. Writes results/cpu/profile_decode.json; the
+roofline columns say how far each step is from reading the weights once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer.bench.results import make_result, results_dir, write_json
+
+
+class Stopwatch:
+    """Accumulates the wall time of every call to `obj.name` (patched on the instance)."""
+
+    def __init__(self, obj, name: str) -> None:
+        self.total = 0.0
+        inner = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+
+def weight_bytes(engine: InferenceEngine) -> int:
+    """Bytes of weights a decode step reads: every parameter once (the tied LM head counted once)."""
+    return sum(p.numel() * p.element_size() for p in engine.runner.model.state_dict().values())
+
+
+def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dict:
+    engine = InferenceEngine.from_pretrained(model, dtype=dtype, max_batch_size=batch)
+    scheduler = OnlineScheduler(engine, max_batch_size=batch)
+    for i in range(batch):
+        scheduler.add_request(
+            prompt_token_ids=[(1000 + 37 * i + t) % 50000 for t in range(32)],
+            params=SamplingParams(max_new_tokens=3 * steps + 16, stop_on_eos=False),
+        )
+    while scheduler.last_step_stats()["num_prompt_tokens"] or scheduler.num_waiting():
+        scheduler.step()  # prefill
+    for _ in range(3):
+        scheduler.step()  # warm-up decodes
+    runner = engine.runner
+    forward = Stopwatch(runner.model, "forward")
+    head = Stopwatch(runner.model, "compute_logits")
+    sampler = Stopwatch(runner, "sampler")
+    walls = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        scheduler.step()
+        walls.append(time.perf_counter() - start)
+    step_ms = statistics.median(walls) * 1e3
+    total = sum(walls)
+    split = {
+        "model_forward": forward.total / total,
+        "lm_head": head.total / total,
+        "sampler": sampler.total / total,
+    }
+    split["host"] = max(0.0, 1.0 - sum(split.values()))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            scheduler.step()
+    ops: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        ops[event.key] += event.self_cpu_time_total / steps / 1e3
+    profiled_ms = sum(ops.values())
+    top_ops = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "batch": batch,
+        "dtype": dtype,
+        "attention_backend": engine.attention_backend,
+        "step_ms_median": step_ms,
+        "step_ms_runs": [w * 1e3 for w in walls],
+        "ms_per_token": step_ms / batch,
+        "tokens_per_s": batch / (step_ms / 1e3),
+        "weight_mb": weight_bytes(engine) / 1e6,
+        "time_split": split,
+        "top_ops_ms_per_step": [{"op": k, "ms": v, "share": v / profiled_ms} for k, v in top_ops],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt2")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args(argv)
+    rows = []
+    with torch.inference_mode():
+        for dtype in args.dtypes:
+            for batch in args.batches:
+                row = profile_one(args.model, batch, dtype, args.steps, args.top)
+                rows.append(row)
+                split = ", ".join(f"{k} {v:.0%}" for k, v in row["time_split"].items())
+                print(f"{dtype} batch {batch}: {row['step_ms_median']:.1f} ms/step ({split})")
+                for op in row["top_ops_ms_per_step"][:6]:
+                    print(f"    {op['op']:<48} {op['ms']:7.2f} ms  {op['share']:.0%}")
+    out = results_dir("cpu") / "profile_decode.json"
+    write_json(out, make_result("profile_decode", "current", vars(args), {"rows": rows}, "cpu"))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
