@@ -12,14 +12,21 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default="gpt2",
-        help="preset, local HF directory, or HF id in the local cache (default: gpt2)",
+        help="preset, local HF directory, or Hub id: local HF cache, else downloaded (default: gpt2)",
     )
     g.add_argument("--checkpoint-path", default=None, help="a roseinfer checkpoint file")
     g.add_argument(
-        "--hf-model-id", default=None, help="look this id up in the local HF cache (never downloads)"
+        "--hf-model-id", default=None, help="a Hub id (overrides --model): local HF cache, else downloaded"
     )
     g.add_argument(
-        "--tokenizer-name", default=None, help="a local tokenizer directory (default: embedded GPT-2 BPE)"
+        "--offline",
+        action="store_true",
+        help="never reach the Hub, as HF_HUB_OFFLINE=1 (random weights if nothing local is found)",
+    )
+    g.add_argument(
+        "--tokenizer-name",
+        default=None,
+        help="gpt2 (the embedded BPE), a tokenizer directory or a Hub id (default: embedded GPT-2 BPE)",
     )
     g.add_argument("--device", default="cpu")
     g.add_argument(
@@ -74,6 +81,7 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
         seed=args.weights_seed,
         checkpoint_path=args.checkpoint_path,
         hf_model_id=args.hf_model_id,
+        offline=args.offline,
         tokenizer_name=args.tokenizer_name,
         **options,
     )

@@ -81,17 +81,27 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2-medium": ModelConfig(n_embd=1024, n_layer=24, n_head=16),
     "gpt2-large": ModelConfig(n_embd=1280, n_layer=36, n_head=20),
     "gpt2-xl": ModelConfig(n_embd=1600, n_layer=48, n_head=25),
+    "distilgpt2": ModelConfig(n_embd=768, n_layer=6, n_head=12),
     # GPT-2's vocabulary and context with a toy body: fast enough for CPU tests and CI notebooks.
     "gpt2-tiny": ModelConfig(n_embd=64, n_layer=2, n_head=4),
 }
 
-# The Hugging Face Hub ids whose local cache entry a preset name may resolve to.
+# The Hugging Face Hub ids a preset name resolves to (local cache, then download), canonical id first.
 PRESET_HF_IDS: dict[str, tuple[str, ...]] = {
     "gpt2": ("openai-community/gpt2", "gpt2"),
     "gpt2-medium": ("openai-community/gpt2-medium", "gpt2-medium"),
     "gpt2-large": ("openai-community/gpt2-large", "gpt2-large"),
     "gpt2-xl": ("openai-community/gpt2-xl", "gpt2-xl"),
+    "distilgpt2": ("distilbert/distilgpt2", "distilgpt2"),
 }
+
+
+def preset_for(name: str) -> str | None:
+    """The preset a name or Hub id stands for ("openai-community/gpt2" -> "gpt2"), if any."""
+    if name in PRESETS:
+        return name
+    return next((preset for preset, ids in PRESET_HF_IDS.items() if name in ids), None)
+
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -133,8 +143,9 @@ class EngineConfig:
     cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
     packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
-    hf_model_id: str | None = None  # look this id up in the local HF cache
-    tokenizer_name: str | None = None  # a local tokenizer directory; default: embedded GPT-2 BPE
+    hf_model_id: str | None = None  # a Hub id: the local HF cache, else downloaded
+    offline: bool = False  # never reach the Hub (as HF_HUB_OFFLINE=1)
+    tokenizer_name: str | None = None  # "gpt2", a tokenizer directory or Hub id; default: embedded GPT-2 BPE
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

