@@ -49,10 +49,23 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
     g.add_argument(
+        "--prefill-max-batch-size",
+        type=int,
+        default=None,
+        help="new prompts admitted per step (default: up to --max-batch-size)",
+    )
+    g.add_argument(
         "--attention-backend",
         choices=["torch", "triton"],
         default=None,
         help="paged attention: triton kernels or the torch reference (default: triton on CUDA)",
+    )
+    g.add_argument(
+        "--paged-attn",
+        dest="attention_backend",
+        action="store_const",
+        const="triton",
+        help="the paged-attention kernel: --attention-backend triton (on CPU, needs TRITON_INTERPRET=1)",
     )
     g.add_argument(
         "--cuda-graph",
@@ -60,18 +73,27 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
         default=None,
         help="capture decode steps in CUDA graphs (default: on with CUDA and triton)",
     )
+    g.add_argument(
+        "--nvtx", action="store_true", help="NVTX ranges around each step's phases (CUDA; off on CPU)"
+    )
 
 
 def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     """An engine from the flags above (engine flags are optional)."""
     options = {
         name: getattr(args, name)
-        for name in ("num_kv_blocks", "block_size", "max_batch_size", "max_num_batched_tokens")
+        for name in (
+            "num_kv_blocks",
+            "block_size",
+            "max_batch_size",
+            "max_num_batched_tokens",
+            "prefill_max_batch_size",
+        )
         if getattr(args, name, None) is not None
     }
     if hasattr(args, "no_prefix_cache"):
         options["enable_prefix_cache"] = not args.no_prefix_cache
-    for name in ("attention_backend", "cuda_graph"):
+    for name in ("attention_backend", "cuda_graph", "nvtx"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     return InferenceEngine.from_pretrained(

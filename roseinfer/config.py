@@ -138,9 +138,11 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None  # None: 1 GiB on CPU, 40% of free memory on CUDA
     max_batch_size: int = 64  # running requests per step
     max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
+    prefill_max_batch_size: int | None = None  # new prompts admitted per step (None: up to max_batch_size)
     enable_prefix_cache: bool = True
     attention_backend: str | None = None  # None: "triton" on CUDA, "torch" elsewhere
     cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
+    nvtx: bool = False  # NVTX ranges around each step's phases, for Nsight (CUDA only)
     packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
     hf_model_id: str | None = None  # a Hub id: the local HF cache, else downloaded
@@ -164,5 +166,7 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {self.max_batch_size}")
+        if self.prefill_max_batch_size is not None and self.prefill_max_batch_size <= 0:
+            raise ValueError(f"prefill_max_batch_size must be positive, got {self.prefill_max_batch_size}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")

@@ -227,3 +227,31 @@ def test_invalid_requests_are_refused_in_the_callers_thread(engine):
         assert manager.stats()["inflight_requests"] == 0
     finally:
         manager.close()
+
+
+def test_tokenize_workers_tokenize_off_the_callers_thread(engine):
+    expected = [o.text for o in engine.generate(PROMPTS, GREEDY)]
+    manager = SchedulerManager(engine, tokenize_workers=2)
+    tokenizing_threads = set()
+    validate = manager._scheduler.validate_request
+
+    def recording_validate(*args):
+        tokenizing_threads.add(threading.current_thread().name)
+        return validate(*args)
+
+    manager._scheduler.validate_request = recording_validate
+    try:
+        streams = [manager.submit(prompt=p, params=GREEDY) for p in PROMPTS]
+        texts = ["".join(s.pieces(timeout=60)) for s in streams]
+        # An invalid prompt is found in the pool, so its stream ends with the error.
+        bad = manager.submit(prompt="", params=GREEDY)
+        with pytest.raises(StreamClosedError, match="empty"):
+            list(bad.pieces(timeout=60))
+    finally:
+        manager.close()
+    assert texts == expected
+    # (The worker validates again in scheduler.add_request; the caller never tokenizes.)
+    assert threading.current_thread().name not in tokenizing_threads
+    assert any(n.startswith("roseinfer-tokenize") for n in tokenizing_threads)
+    assert all(s.timings.submit <= s.timings.tokenized <= s.timings.queued for s in streams)
+    assert manager.stats()["inflight_requests"] == 0

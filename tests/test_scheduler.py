@@ -201,3 +201,21 @@ def test_sampled_requests_keep_their_seeded_tokens_in_a_batch(make_engine):
         scheduler.step()
     assert [scheduler.pop_response(r).token_ids for r in rids] == solo
     assert scheduler.kv_stats()["num_preemptions"] > 0  # preemption keeps the random stream too
+
+
+def test_prefill_max_batch_size_caps_admissions_per_step(make_engine):
+    engine = make_engine(num_kv_blocks=128, prefill_max_batch_size=2)
+    workload = [(ids, 6) for ids, _ in _workload(5, seed=3, max_prompt=20)]
+    solo = _solo(engine, workload)
+    scheduler = OnlineScheduler(engine, enable_prefix_cache=False)
+    assert scheduler.prefill_max_batch_size == 2  # from the engine's config
+    rids = [
+        scheduler.add_request(prompt_token_ids=ids, max_new_tokens=m, stop_on_eos=False)
+        for ids, m in workload
+    ]
+    sizes = []
+    while scheduler.has_unfinished():
+        scheduler.step()
+        sizes.append(scheduler.last_step_stats()["batch_size"])
+    assert sizes[:3] == [2, 4, 5]  # two new prompts a step, the earlier ones decoding alongside
+    assert [scheduler.pop_response(r).token_ids for r in rids] == solo

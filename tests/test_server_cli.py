@@ -164,3 +164,48 @@ def test_sigterm_ends_streams_and_exits_zero():
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_server_binds_to_localhost_by_default():
     assert build_parser().parse_args([]).host == "127.0.0.1"
+
+
+def test_seed_engine_flags_and_served_model_names():
+    app = app_for(
+        "--model",
+        "gpt2-tiny",
+        "--num-kv-blocks",
+        "16",
+        "--paged-attn",
+        "--nvtx",
+        "--prefill-max-batch-size",
+        "3",
+    )
+    try:
+        engine = app.state.manager.engine
+        assert engine.attention_backend == "triton"  # --paged-attn: the paged-attention kernels
+        assert engine.describe()["nvtx"] is False  # accepted, and reported off on a CPU
+        assert engine.config.nvtx is True
+        assert app.state.manager._scheduler.prefill_max_batch_size == 3
+        # The seed posts' clients ask for 'roseinfer-gpt2', served beside the model's own name.
+        assert app.state.settings.model_names == ("gpt2-tiny", "roseinfer-gpt2")
+    finally:
+        app.state.manager.close()
+    app = app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--served-model-name", "a", "b")
+    app.state.manager.close()
+    assert app.state.settings.model_names == ("a", "b")
+
+
+def test_nvtx_ranges_name_each_phase_of_a_step(engine, monkeypatch):
+    from contextlib import contextmanager
+
+    from roseinfer import SamplingParams
+
+    names = []
+
+    @contextmanager
+    def recording_range(name):
+        names.append(name)
+        yield
+
+    # No GPU here: record the ranges a CUDA runner would push.
+    monkeypatch.setattr(torch.cuda.nvtx, "range", recording_range)
+    monkeypatch.setattr(engine.runner, "nvtx", True)
+    engine.generate("Hi", SamplingParams(max_new_tokens=2))
+    assert {"roseinfer.prepare", "roseinfer.forward", "roseinfer.sample"} <= set(names)

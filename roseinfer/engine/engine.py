@@ -56,7 +56,9 @@ class InferenceEngine:
         if config.packed_cpu_weights and packing_available(self.device, self.dtype):
             model.pack_for_cpu()
         num_blocks = config.num_kv_blocks or self._default_num_blocks(weights.config)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, config.nvtx)
+        if config.nvtx and not self.runner.nvtx:
+            logger.info("roseinfer: NVTX ranges are a CUDA feature; off on %s", self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.attention_backend = backend
         if use_graphs:
@@ -145,6 +147,8 @@ class InferenceEngine:
             "block_size": self.config.block_size,
             "attention_backend": self.attention_backend,
             "cuda_graph": self.runner.graphs is not None,
+            "nvtx": self.runner.nvtx,
+            "prefill_max_batch_size": self.config.prefill_max_batch_size,
         }
 
     # -- generation -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ sample after them) and gets back one token per entry that samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,8 +43,11 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        nvtx: bool = False,
     ) -> None:
         self.model = model
+        # NVTX ranges name each phase of a step in an Nsight timeline; CUDA builds only.
+        self.nvtx = nvtx and device.type == "cuda"
         self.config = model.config
         self.device = device
         self.dtype = dtype
@@ -125,32 +129,40 @@ class ModelRunner:
             and all(len(e.token_ids) == 1 and e.sample for e in batch)
         )
 
+    def _range(self, name: str) -> AbstractContextManager:
+        return torch.cuda.nvtx.range(f"roseinfer.{name}") if self.nvtx else nullcontext()
+
     def _execute_graph(self, batch: Sequence[BatchEntry]) -> list[int | None]:
         bs = self.block_size
         positions = [e.start_pos for e in batch]
-        logits = self.graphs.run(
-            [e.token_ids[0] for e in batch],
-            positions,
-            [e.block_table[p // bs] * bs + p % bs for e, p in zip(batch, positions)],
-            [e.block_table for e in batch],
-        )
+        with self._range("decode_graph"):
+            logits = self.graphs.run(
+                [e.token_ids[0] for e in batch],
+                positions,
+                [e.block_table[p // bs] * bs + p % bs for e, p in zip(batch, positions)],
+                [e.block_table for e in batch],
+            )
         # .tolist() is the step's one host sync; it also frees the pinned staging buffer for the next step.
-        return self.sampler(logits, [e.params for e in batch], [e.generator for e in batch]).tolist()
+        with self._range("sample"):
+            return self.sampler(logits, [e.params for e in batch], [e.generator for e in batch]).tolist()
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[BatchEntry]) -> list[int | None]:
         """Run one step; the sampled token of each entry that samples, else None."""
         if self._graphable(batch):
             return self._execute_graph(batch)
-        input_ids, positions, meta, sample_rows = self.prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        with self._range("prepare"):
+            input_ids, positions, meta, sample_rows = self.prepare(batch)
+        with self._range("forward"):
+            hidden = self.model(input_ids, positions, self.kv_cache, meta)
         sampling = [e for e in batch if e.sample]
         if not sampling:
             return [None] * len(batch)
-        logits = self.model.compute_logits(hidden[sample_rows])
-        tokens = iter(
-            self.sampler(logits, [e.params for e in sampling], [e.generator for e in sampling]).tolist()
-        )
+        with self._range("sample"):
+            logits = self.model.compute_logits(hidden[sample_rows])
+            tokens = iter(
+                self.sampler(logits, [e.params for e in sampling], [e.generator for e in sampling]).tolist()
+            )
         return [next(tokens) if e.sample else None for e in batch]
 
     @torch.inference_mode()

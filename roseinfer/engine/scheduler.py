@@ -6,8 +6,8 @@ Requests join and leave the running batch at any step. Each `step()`:
    decoding request, the next chunk for one still prefilling its prompt;
    if the KV pool is out of blocks, the most recently admitted request is
    preempted (its blocks freed, its tokens recomputed later);
-2. admits waiting requests while the token budget and the batch size allow,
-   reusing prefix-cache blocks where their prompt starts like an earlier one;
+2. admits waiting requests while the token budget, the batch size and the
+   cap on new prompts per step (`prefill_max_batch_size`) allow, reusing prefix-cache blocks where their prompt starts like an earlier one;
    a prompt longer than the remaining budget is prefilled in chunks over
    several steps;
 3. runs all of it as one forward pass and samples a token for each request
@@ -52,6 +52,7 @@ class OnlineScheduler:
         max_batch_size: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_prefix_cache: bool | None = None,
+        prefill_max_batch_size: int | None = None,
     ) -> None:
         cfg = engine.config
         self._engine = engine
@@ -60,6 +61,11 @@ class OnlineScheduler:
         self._tokenizer = engine.tokenizer
         self.max_batch_size = max_batch_size or cfg.max_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens or cfg.max_num_batched_tokens
+        # A burst of new prompts all prefilling in one step stalls every running decode for
+        # that step; capping admissions spreads the burst over several steps.
+        self.prefill_max_batch_size = (
+            prefill_max_batch_size or cfg.prefill_max_batch_size or self.max_batch_size
+        )
         self.enable_prefix_cache = (
             cfg.enable_prefix_cache if enable_prefix_cache is None else enable_prefix_cache
         )
@@ -248,7 +254,14 @@ class OnlineScheduler:
                 continue
             break
         # Admitting while the pool is short would only preempt again next step.
-        while self._waiting and budget > 0 and not preempted and len(self._running) < self.max_batch_size:
+        admitted = 0
+        while (
+            self._waiting
+            and budget > 0
+            and not preempted
+            and len(self._running) < self.max_batch_size
+            and admitted < self.prefill_max_batch_size
+        ):
             n = self._admit(self._waiting[0], budget)
             if n == 0:
                 break
@@ -256,6 +269,7 @@ class OnlineScheduler:
             self._running.append(seq)
             scheduled.append((seq, n))
             budget -= n
+            admitted += 1
         return scheduled
 
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:

@@ -28,9 +28,17 @@ class NoManager(StreamingFrontend):
         stream_interval: int = 1,
         max_inflight_requests: int | None = None,
         on_finished: FinishedCallback | None = None,
+        tokenize_workers: int = 0,
         **_scheduler_options: Any,  # there is no shared scheduler to configure
     ) -> None:
-        super().__init__(engine, OnlineScheduler(engine), stream_interval, max_inflight_requests, on_finished)
+        super().__init__(
+            engine,
+            OnlineScheduler(engine),
+            stream_interval,
+            max_inflight_requests,
+            on_finished,
+            tokenize_workers,
+        )
         self._engine_lock = threading.Lock()  # the one global lock
         self._cancelled: set[int] = set()
 

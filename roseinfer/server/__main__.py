@@ -26,6 +26,8 @@ from roseinfer.tokenizer import ChatFormatter
 logger = logging.getLogger("roseinfer.server")
 
 GRACEFUL_SHUTDOWN_S = 5
+# The name the seed blog posts' clients send; served by default beside the model's own name.
+SEED_MODEL_NAME = "roseinfer-gpt2"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_args(p)
     p.add_argument(
-        "--served-model-name", default=None, help="the name clients pass as 'model' (default: --model)"
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help=f"the names clients may pass as 'model', the first one listed first "
+        f"(default: --hf-model-id or --model, and {SEED_MODEL_NAME!r})",
     )
     add_engine_args(p)
     e = p.add_argument_group("serving")
@@ -75,15 +81,18 @@ def build_app(args: argparse.Namespace) -> Any:
         max_inflight_requests=args.max_inflight_requests,
         on_finished=metrics.on_finished,
     )
+    names = args.served_model_name or list(dict.fromkeys([args.hf_model_id or args.model, SEED_MODEL_NAME]))
     settings = ServerSettings(
-        served_model_name=args.served_model_name or args.model,
+        served_model_name=names[0],
+        model_aliases=tuple(names[1:]),
         api_key=args.api_key or os.environ.get("ROSEINFER_API_KEY") or None,
         chat=ChatFormatter.from_file(args.chat_template) if args.chat_template else ChatFormatter(),
         max_request_bytes=args.max_request_bytes,
     )
     logger.info(
-        "roseinfer: serving %r (%s manager) on http://%s:%d%s",
-        settings.served_model_name,
+        "roseinfer: serving %s with %s (%s manager) on http://%s:%d%s",
+        " / ".join(map(repr, settings.model_names)),
+        engine.weights.description,
         manager.variant,
         args.host,
         args.port,

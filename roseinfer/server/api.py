@@ -79,9 +79,15 @@ class APIError(Exception):
 @dataclass
 class ServerSettings:
     served_model_name: str = "gpt2"
+    # More names a client may pass as 'model', as vLLM's --served-model-name takes several.
+    model_aliases: tuple[str, ...] = ()
     api_key: str | None = None
     chat: ChatFormatter | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.model_aliases)
 
 
 # -- plumbing ------------------------------------------------------------------------------
@@ -261,10 +267,11 @@ def create_app(
             )
 
     def check_model(req: SamplingFields) -> None:
-        if req.model != settings.served_model_name:
+        if req.model not in settings.model_names:
             raise APIError(
                 404,
-                f"the model '{req.model}' does not exist; this server serves '{settings.served_model_name}'",
+                f"the model '{req.model}' does not exist; this server serves "
+                + " or ".join(f"'{name}'" for name in settings.model_names),
                 "model",
                 "model_not_found",
             )
@@ -320,7 +327,7 @@ def create_app(
             "object": "list",
             "data": [
                 {
-                    "id": settings.served_model_name,
+                    "id": name,
                     "object": "model",
                     "created": int(time.time()),
                     "owned_by": "roseinfer",
@@ -328,6 +335,7 @@ def create_app(
                     "max_model_len": engine.max_model_len,
                     "roseinfer": engine.describe(),
                 }
+                for name in settings.model_names
             ],
         }
 

@@ -8,7 +8,9 @@
 Threads:
 - Callers (HTTP handlers) tokenize and validate in their own thread, outside
   the lock; then, under the lock, they queue the request with its
-  RequestStream; then they set the wake-up event.
+  RequestStream; then they set the wake-up event. With `tokenize_workers=N`
+  a pool of N threads tokenizes and queues instead, and `submit` returns as
+  soon as the stream exists (the seed posts' benchmark measures both ways).
 - The worker is the only thread that touches the scheduler. When it has
   nothing to do it clears the event *under the lock* and then waits on it,
   so a request queued between its check and its wait still wakes it: no
@@ -29,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +74,7 @@ class StreamingFrontend:
         stream_interval: int,
         max_inflight_requests: int | None,
         on_finished: FinishedCallback | None,
+        tokenize_workers: int = 0,
     ) -> None:
         self.engine = engine
         self.stream_interval = stream_interval
@@ -83,6 +87,13 @@ class StreamingFrontend:
         self._channels: dict[int, RequestStream] = {}  # streams not fully read yet
         self._stopping = False
         self._error: BaseException | None = None
+        # 0: callers tokenize in their own thread; N: a pool of N threads does, so submit returns at once.
+        self.tokenize_workers = tokenize_workers
+        self._tokenize_pool = (
+            ThreadPoolExecutor(tokenize_workers, thread_name_prefix="roseinfer-tokenize")
+            if tokenize_workers > 0
+            else None
+        )
 
     def submit(
         self,
@@ -91,12 +102,31 @@ class StreamingFrontend:
         params: SamplingParams | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
-        """Queue a request; returns its stream. Pass `loop` to read it with `async for`."""
+        """Queue a request; returns its stream. Pass `loop` to read it with `async for`.
+
+        With tokenize workers, it returns before the prompt is tokenized; a
+        prompt that turns out invalid then ends its stream with the error.
+        """
         params = params or SamplingParams()
         timings = RequestTimings(submit=time.perf_counter())
+        if self._tokenize_pool is not None:
+            stream = self._register([], params, timings, loop)
+            self._tokenize_pool.submit(self._tokenize_and_queue, stream, prompt, prompt_token_ids)
+            return stream
         # Tokenize and validate in the caller's thread, outside the lock.
         token_ids = self._scheduler.validate_request(prompt, prompt_token_ids, params)
         timings.tokenized = time.perf_counter()
+        stream = self._register(token_ids, params, timings, loop)
+        self._queue(stream)
+        return stream
+
+    def _register(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        timings: RequestTimings,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> RequestStream:
         with self._lock:
             if self._error is not None:
                 raise EngineDeadError(f"the engine worker failed: {self._error!r}")
@@ -119,10 +149,31 @@ class StreamingFrontend:
                 on_consumed=lambda: self._channels.pop(rid, None),
             )
             self._streams[rid] = self._channels[rid] = stream
-            self._enqueue_locked(stream)
-            timings.queued = time.perf_counter()
-        self._after_enqueue(stream)
         return stream
+
+    def _queue(self, stream: RequestStream) -> None:
+        with self._lock:
+            if self._streams.get(stream.request_id) is not stream:
+                return  # aborted, or ended by a shutdown, while it was being tokenized
+            self._enqueue_locked(stream)
+            stream.timings.queued = time.perf_counter()
+        self._after_enqueue(stream)
+
+    def _tokenize_and_queue(
+        self, stream: RequestStream, prompt: str | None, prompt_token_ids: list[int] | None
+    ) -> None:
+        """In a tokenize worker: tokenize and validate, then queue (or end the stream with the error)."""
+        try:
+            stream.prompt_token_ids = self._scheduler.validate_request(
+                prompt, prompt_token_ids, stream.params
+            )
+        except Exception as exc:
+            with self._lock:
+                self._streams.pop(stream.request_id, None)
+            stream.fail(f"invalid request: {exc}")
+            return
+        stream.timings.tokenized = time.perf_counter()
+        self._queue(stream)
 
     def add_request(self, prompt=None, prompt_token_ids=None, params=None, loop=None) -> int:
         """Queue a request; returns its id (read it with `stream_text(id)`)."""
@@ -153,6 +204,8 @@ class StreamingFrontend:
             self._streams.clear()
         for stream in streams:
             stream.fail(message)
+        if self._tokenize_pool is not None:
+            self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def healthy(self) -> bool:
@@ -206,6 +259,7 @@ class SchedulerManager(StreamingFrontend):
         stream_interval: int = 1,
         max_inflight_requests: int | None = None,
         on_finished: FinishedCallback | None = None,
+        tokenize_workers: int = 0,
     ) -> None:
         scheduler = OnlineScheduler(
             engine,
@@ -213,7 +267,9 @@ class SchedulerManager(StreamingFrontend):
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_cache=enable_prefix_cache,
         )
-        super().__init__(engine, scheduler, stream_interval, max_inflight_requests, on_finished)
+        super().__init__(
+            engine, scheduler, stream_interval, max_inflight_requests, on_finished, tokenize_workers
+        )
         self._wakeup = threading.Event()
         self._pending: list[RequestStream] = []  # queued by callers, not yet in the scheduler
         self._aborts: list[int] = []  # aborted after reaching the scheduler
