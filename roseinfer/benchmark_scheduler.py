@@ -1,17 +1,21 @@
-"""Engine and OnlineScheduler throughput and latency, in three modes.
+"""`python -m roseinfer.benchmark_scheduler`: engine and OnlineScheduler throughput and latency, in three modes.
 
     naive    each request alone, one after another (engine.generate of one prompt)
     offline  every request queued at t=0, stepped to completion (peak throughput)
     online   requests arrive over time (--request-rate, Poisson) while the scheduler steps
 
-    python benchmarks/benchmark_scheduler.py --model gpt2 --num-requests 32 --max-new-tokens 64 --mode all
-    python benchmarks/benchmark_scheduler.py --device cuda --dtype bfloat16 --workload random \
+    python -m roseinfer.benchmark_scheduler --model gpt2 --num-requests 32 --max-new-tokens 64 --mode all
+    python -m roseinfer.benchmark_scheduler --device cuda --dtype bfloat16 --workload random \
         --input-len 256 --max-new-tokens 64 --num-requests 128 --max-batch-size 128 --no-stop-on-eos --mode offline
+    # the seed post's command, as it printed it:
+    python -m roseinfer.benchmark_scheduler --hf-model-id gpt2 --device cpu --prompt "Hello" \
+        --num-requests 8 --max-new-tokens 8 --mode online --warmup-runs 0 --repeat-runs 1
 
 Decode time is the time spent in steps that computed no prompt token; the
 completion throughput is reported over it and over the total (see
-roseinfer.bench.scheduler_modes). Writes
-results/<device>/scheduler[-<mode>].json unless --output-json says otherwise.
+roseinfer.bench.scheduler_modes). Prints the seed post's `=== <mode> summary ===`
+block for each mode and writes results/<device>/scheduler[-<mode>].json unless
+--output-json says otherwise.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ from roseinfer.bench.metrics import median_run, spread
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
 from roseinfer.bench.scheduler_modes import MODES, SchedulerSetup, run_mode
+from roseinfer.bench.seed_report import scheduler_summary
 from roseinfer.bench.workloads import BenchRequest, fixed_prompt, mixed_output_lengths, random_prompts
 from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m roseinfer.benchmark_scheduler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_args(p)
     add_engine_args(p)
     w = p.add_argument_group("workload")
@@ -79,21 +88,7 @@ def make_workload(args, tokenizer) -> list[BenchRequest]:
     ]
 
 
-def report(mode: str, m: dict[str, Any]) -> None:
-    print(f"[{mode}] {m['num_requests']} requests, {m['total_output_tokens']} tokens, {m['steps']} steps")
-    print(
-        f"  total {m['total_time_s']:.3f}s  decode {m['decode_time_s']:.3f}s  "
-        f"throughput {m['completion_tok_s_over_total']:.1f} tok/s (total), "
-        f"{m['completion_tok_s_over_decode']:.1f} tok/s (decode)"
-    )
-    for key in ("ttft_ms", "tpot_ms", "e2e_latency_ms"):
-        s = m[key]
-        print(
-            f"  {key:<15} p50 {s['p50']:9.2f}  p95 {s['p95']:9.2f}  p99 {s['p99']:9.2f}  mean {s['mean']:9.2f}"
-        )
-
-
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     modes = list(MODES) if "all" in args.mode else args.mode
     engine = engine_from_args(args)
@@ -135,7 +130,7 @@ def main(argv=None) -> int:
     config = {k: v for k, v in vars(args).items() if k != "output_json"} | {"engine": engine.describe()}
     for mode in modes:
         best = median_run(runs[mode], "completion_tok_s_over_total")
-        report(mode, best)
+        print(scheduler_summary(mode, runs[mode], args.warmup_runs))
         metrics = {
             **best,
             "throughput_spread": spread(runs[mode], ["completion_tok_s_over_total"]),

@@ -1,14 +1,16 @@
-"""Streaming through a SchedulerManager (or an earlier version), in-process.
+"""`python -m roseinfer.benchmark_streaming`: streaming through a SchedulerManager (or an earlier version), in-process.
 
 The timing breakdown is described in roseinfer.bench.streaming.
 
-    python benchmarks/benchmark_streaming.py --num-requests 16 --max-new-tokens 32
-    # the reference workload (a GPU, every feature on):
-    python benchmarks/benchmark_streaming.py --device cuda --num-requests 64 --prompt Hello --pretok \
-        --stream-interval 8 --submit-interval-ms 20 --submit-schedule absolute --max-batch-size 64 \
-        --max-new-tokens 128 --no-stop-on-eos --no-prefix-cache --variant all
+    python -m roseinfer.benchmark_streaming --num-requests 16 --max-new-tokens 32
+    # the seed post's workload, as it printed it (on a GPU: --device cuda):
+    python -m roseinfer.benchmark_streaming --hf-model-id gpt2 --device cpu --prompt "Hello" --pretok \
+        --tokenize-workers 0 --stream-interval 8 --num-requests 64 --warmup-runs 1 --repeat-runs 1 \
+        --submit-interval-ms 20 --submit-schedule absolute --max-batch-size 64 --prefill-max-batch-size 64 \
+        --max-new-tokens 128 --no-stop-on-eos --no-prefix-cache
 
-Writes results/<device>/streaming-<variant>.json.
+Prints the seed post's `=== streaming benchmark ===` block for the median run
+of each variant and writes results/<device>/streaming-<variant>.json.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ from typing import Any
 
 from roseinfer.bench.metrics import median_run, spread
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.bench.streaming import STAGES, StreamingSetup, run_streaming
+from roseinfer.bench.seed_report import streaming_block
+from roseinfer.bench.streaming import StreamingSetup, run_streaming
 from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
 from roseinfer.history import MANAGER_VARIANTS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m roseinfer.benchmark_streaming",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_args(p)
     add_engine_args(p)
     w = p.add_argument_group("workload")
@@ -43,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="absolute: request i at t0 + i*interval; relative: interval after the previous submit",
     )
     w.add_argument("--stream-interval", type=int, default=1, help="flush every N tokens")
+    w.add_argument(
+        "--tokenize-workers",
+        type=int,
+        default=0,
+        help="tokenize in the manager's pool of N threads (0: in the submitting thread)",
+    )
     w.add_argument("--variant", nargs="+", default=["current"], choices=[*MANAGER_VARIANTS, "all"])
     r = p.add_argument_group("runs")
     r.add_argument("--warmup-runs", type=int, default=1)
@@ -51,18 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def report(variant: str, m: dict[str, Any]) -> None:
-    print(
-        f"[{variant}] {m['num_requests']} requests, {m['total_output_tokens']} tokens in {m['duration_s']:.2f}s: "
-        f"{m['output_throughput_tok_s']:.1f} tok/s"
-    )
-    for key in (*[f"{s}_ms" for s in STAGES], "ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
-        s = m[key]
-        print(f"  {key:<27} p50 {s['p50']:9.3f}  p95 {s['p95']:9.3f}  p99 {s['p99']:9.3f}")
-
-
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.tokenize_workers < 0:
+        raise SystemExit("--tokenize-workers must be >= 0")
     variants = list(MANAGER_VARIANTS) if "all" in args.variant else args.variant
     engine = engine_from_args(args)
     setup = StreamingSetup(
@@ -74,6 +79,7 @@ def main(argv=None) -> int:
         submit_interval_ms=args.submit_interval_ms,
         submit_schedule=args.submit_schedule,
         stream_interval=args.stream_interval,
+        tokenize_workers=args.tokenize_workers,
         max_batch_size=args.max_batch_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_cache=not args.no_prefix_cache,
@@ -96,7 +102,9 @@ def main(argv=None) -> int:
     }
     for variant in variants:
         best = median_run(runs[variant])
-        report(variant, best)
+        if len(variants) > 1:
+            print(f"--- variant: {variant} ---")
+        print(streaming_block(args.hf_model_id or args.model, engine, setup, best))
         best["throughput_spread"] = spread(runs[variant], ["output_throughput_tok_s"])
         best["ttft_p50_spread"] = spread(runs[variant], ["ttft_ms", "p50"])
         best["tpot_p50_spread"] = spread(runs[variant], ["tpot_ms", "p50"])

@@ -4,8 +4,8 @@ Requests are submitted on a schedule by one thread; each gets its own
 consumer thread that reads its stream the way an HTTP handler would.
 
 Where a request's time goes: submit lag (late against its schedule),
-add_request latency, tokenize time, queue wait (submitted -> first scheduled),
-prefill -> first token; then TTFT and E2E as the consumer sees them, TPOT
+add_request latency, tokenize time, queue wait after tokenization
+(tokenized -> first scheduled), prefill -> first token; then TTFT and E2E as the consumer sees them, TPOT
 ((E2E - TTFT) / (tokens - 1)) and ITL (gaps between tokens as the worker
 produced them).
 """
@@ -36,6 +36,7 @@ class StreamingSetup:
         "absolute"  # "absolute": request i at t0 + i*interval; "relative": after the previous
     )
     stream_interval: int = 1
+    tokenize_workers: int = 0  # 0: tokenize in the submitting thread; N: in the manager's pool of N
     max_batch_size: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_cache: bool = True
@@ -57,6 +58,7 @@ def run_streaming(
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_cache=args.enable_prefix_cache,
         stream_interval=args.stream_interval,
+        tokenize_workers=args.tokenize_workers,
     )
     if manager_hook is not None:
         manager_hook(manager)
@@ -95,6 +97,7 @@ def run_streaming(
             consumer = threading.Thread(target=consume, args=(i, stream, record), daemon=True)
             consumer.start()
             consumers.append((consumer, stream, record))
+        submit_wall = time.perf_counter() - t0
         for consumer, _, _ in consumers:
             consumer.join()
         duration = time.perf_counter() - t0
@@ -106,12 +109,13 @@ def run_streaming(
         record.scheduled = t.scheduled
         record.extra.update(
             tokenize=t.tokenized - t.submit,
-            queue_wait=(t.scheduled - t.submit) if t.scheduled is not None else float("nan"),
+            queue_wait=(t.scheduled - t.tokenized) if t.scheduled is not None else float("nan"),
             prefill_to_first_token=(t.first_token - t.scheduled)
             if t.scheduled and t.first_token
             else float("nan"),
         )
     metrics = request_metrics(records, duration)
+    metrics["submit_wall_s"] = submit_wall
     # TTFT, TPOT and E2E as the consumer sees them (the first piece, the end of the stream).
     client_ttft = [r.extra["first_piece"] - r.start for r in records]
     client_e2e = [r.end - r.start for r in records]
