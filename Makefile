@@ -1,7 +1,7 @@
 # Set-up and everyday commands. Each target installs what is missing first.
 #
 #   make test    install, then run every test (notebooks included, via nbval)
-#   make serve   install, then launch the OpenAI-compatible server on the embedded gpt2
+#   make serve   install, then launch the OpenAI-compatible server on gpt2 (downloaded once if online)
 #
 # The virtual environment sees the system's site-packages, so a torch that is
 # already installed (a CUDA build on a GPU machine) is kept; only when none is

@@ -21,6 +21,8 @@ block for each mode and writes results/<device>/scheduler[-<mode>].json unless
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any
 
 from roseinfer import SamplingParams
@@ -90,6 +92,9 @@ def make_workload(args, tokenizer) -> list[BenchRequest]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(message)s", stream=sys.stderr
+    )  # which weights, downloads
     modes = list(MODES) if "all" in args.mode else args.mode
     engine = engine_from_args(args)
     workload = make_workload(args, engine.tokenizer)

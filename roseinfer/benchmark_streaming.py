@@ -16,6 +16,8 @@ of each variant and writes results/<device>/streaming-<variant>.json.
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any
 
 from roseinfer.bench.metrics import median_run, spread
@@ -66,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(message)s", stream=sys.stderr
+    )  # which weights, downloads
     if args.tokenize_workers < 0:
         raise SystemExit("--tokenize-workers must be >= 0")
     variants = list(MANAGER_VARIANTS) if "all" in args.variant else args.variant
