@@ -63,11 +63,12 @@ def endpoint() -> str:
 
 
 def _hf():
+    """huggingface_hub's download functions (its package imports them lazily, on first use)."""
     with warnings.catch_warnings():  # in a notebook without ipywidgets, tqdm warns at import
         warnings.filterwarnings("ignore", message="IProgress not found")
-        import huggingface_hub
+        from huggingface_hub import file_download
 
-    return huggingface_hub
+    return file_download
 
 
 def cache_dir() -> str | None:
