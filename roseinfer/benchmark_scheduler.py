@@ -32,16 +32,11 @@ from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
 from roseinfer.bench.scheduler_modes import MODES, SchedulerSetup, run_mode
 from roseinfer.bench.seed_report import scheduler_summary
 from roseinfer.bench.workloads import BenchRequest, fixed_prompt, mixed_output_lengths, random_prompts
-from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.benchmark_scheduler",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_args(p)
+    p = command_parser("python -m roseinfer.benchmark_scheduler", __doc__)
     add_engine_args(p)
     w = p.add_argument_group("workload")
     w.add_argument("--mode", nargs="+", default=["offline"], choices=[*MODES, "all"])

@@ -24,17 +24,12 @@ from roseinfer.bench.metrics import median_run, spread
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.seed_report import streaming_block
 from roseinfer.bench.streaming import StreamingSetup, run_streaming
-from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args
 from roseinfer.history import MANAGER_VARIANTS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.benchmark_streaming",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_args(p)
+    p = command_parser("python -m roseinfer.benchmark_streaming", __doc__)
     add_engine_args(p)
     w = p.add_argument_group("workload")
     w.add_argument("--num-requests", type=int, default=16)

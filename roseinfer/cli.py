@@ -7,6 +7,15 @@ import argparse
 from roseinfer.engine.engine import InferenceEngine
 
 
+def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a `python -m roseinfer.<command>`: its docstring as help, and the model flags."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_args(parser)
+    return parser
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument(

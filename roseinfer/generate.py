@@ -11,16 +11,11 @@ import sys
 import time
 
 from roseinfer import SamplingParams
-from roseinfer.cli import add_model_args, engine_from_args
+from roseinfer.cli import command_parser, engine_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_args(p)
+    p = command_parser("python -m roseinfer.generate", __doc__)
     p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from roseinfer.cli import add_engine_args, add_model_args, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args
 from roseinfer.history import MANAGER_VARIANTS, make_manager
 from roseinfer.server.api import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
 from roseinfer.server.metrics import ServerMetrics
@@ -31,12 +31,7 @@ SEED_MODEL_NAME = "roseinfer-gpt2"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.server",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_args(p)
+    p = command_parser("python -m roseinfer.server", __doc__)
     p.add_argument(
         "--served-model-name",
         nargs="+",
