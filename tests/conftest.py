@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-# Tests never reach the real Hub: unless a test serves its own endpoint
-# (tests/hub_server.py), Hub look-ups go to a closed local port and fail at once.
-os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+# Tests (and the notebooks nbval runs in the same session) never reach the real
+# Hub: unless a test serves its own endpoint (tests/hub_server.py), Hub look-ups
+# go to a closed local port and fail at once, so the weights are the same on
+# every machine. roseinfer.hub reads HF_ENDPOINT at call time.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through its interpreter; it must be on

@@ -154,6 +154,12 @@ def test_seed_server_generate_and_chat_commands(hf_tiny_dir, tmp_path):
         assert all(c["model"] == "roseinfer-gpt2" and c["object"] == "chat.completion.chunk" for c in chunks)
         assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        base = f"http://127.0.0.1:{port}"
+        models = httpx.get(base + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["gpt2", "roseinfer-gpt2"]
+        assert all(m["root"] == f"roseinfer checkpoint {checkpoint}" for m in models)
+        other = {"model": "not-served", "messages": [{"role": "user", "content": "Hi"}]}
+        assert httpx.post(base + "/v1/chat/completions", json=other).status_code == 404
     finally:
         server.terminate()
         server.wait(timeout=20)
