@@ -166,7 +166,7 @@ def test_server_binds_to_localhost_by_default():
     assert build_parser().parse_args([]).host == "127.0.0.1"
 
 
-def test_seed_engine_flags_and_served_model_names():
+def test_seed_engine_flags_and_served_model_names(monkeypatch):
     app = app_for(
         "--model",
         "gpt2-tiny",
@@ -190,6 +190,10 @@ def test_seed_engine_flags_and_served_model_names():
     app = app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--served-model-name", "a", "b")
     app.state.manager.close()
     assert app.state.settings.model_names == ("a", "b")
+    # Outside Triton's interpreter, the kernels cannot run on a CPU: said up front, not at the first step.
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--paged-attn")
 
 
 def test_nvtx_ranges_name_each_phase_of_a_step(engine, monkeypatch):

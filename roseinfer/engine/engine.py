@@ -49,6 +49,7 @@ class InferenceEngine:
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         backend = config.attention_backend or default_attention_backend(self.device)
+        _check_backend_runs_here(backend, self.device)
         use_graphs = _resolve_cuda_graph(config.cuda_graph, self.device, backend)
         model = GPT2(weights.config, make_attention_backend(backend))
         model.load_state_dict(weights.state_dict, strict=True)
@@ -209,6 +210,17 @@ class InferenceEngine:
     def save_checkpoint(self, path: str | Path) -> None:
         """Write roseinfer's own checkpoint of the loaded weights (fp32 or the run dtype)."""
         save_checkpoint(path, self.model_config, self.runner.model.state_dict())
+
+
+def _check_backend_runs_here(backend: str, device: torch.device) -> None:
+    from roseinfer.model.kernels import interpreting
+
+    # Triton compiles for GPUs; on a CPU only its interpreter runs the kernels (exact, and slow).
+    if backend == "triton" and device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"the triton attention backend (--paged-attn) needs CUDA; on {device} run it under "
+            "TRITON_INTERPRET=1 (slow: for checking the kernels), or use the torch backend"
+        )
 
 
 def _resolve_cuda_graph(requested: bool | None, device: torch.device, backend: str) -> bool:
