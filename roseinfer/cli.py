@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from roseinfer.engine.engine import InferenceEngine
+from roseinfer.model.attention import ATTENTION_BACKENDS
 
 
 def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
@@ -65,16 +66,15 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     )
     g.add_argument(
         "--attention-backend",
-        choices=["torch", "triton"],
+        choices=ATTENTION_BACKENDS,
         default=None,
-        help="paged attention: triton kernels or the torch reference (default: triton on CUDA)",
+        help="torch (the gather reference, any device), cpu (fused C decode kernel), triton (CUDA kernels); "
+        "default: triton on CUDA, cpu on a CPU",
     )
     g.add_argument(
         "--paged-attn",
-        dest="attention_backend",
-        action="store_const",
-        const="triton",
-        help="the paged-attention kernel: --attention-backend triton (on CPU, needs TRITON_INTERPRET=1)",
+        action="store_true",
+        help="the device's paged-attention kernels: triton on CUDA, the fused C decode kernel (cpu) on a CPU",
     )
     g.add_argument(
         "--cuda-graph",
@@ -85,6 +85,18 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     g.add_argument(
         "--nvtx", action="store_true", help="NVTX ranges around each step's phases (CUDA; off on CPU)"
     )
+
+
+def paged_attention_backend(device: str, requested: str | None = None) -> str:
+    """The backend whose kernels read K/V through the block table on this device (the seed's --paged-attn)."""
+    import torch
+
+    backend = "triton" if torch.device(device).type == "cuda" else "cpu"
+    if requested not in (None, backend):
+        raise ValueError(
+            f"--paged-attn means the {backend!r} attention backend on {device}, not {requested!r}"
+        )
+    return backend
 
 
 def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
@@ -105,6 +117,8 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     for name in ("attention_backend", "cuda_graph", "nvtx"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
+    if getattr(args, "paged_attn", False):
+        options["attention_backend"] = paged_attention_backend(args.device, args.attention_backend)
     return InferenceEngine.from_pretrained(
         args.model,
         device=args.device,

@@ -179,7 +179,7 @@ def test_seed_engine_flags_and_served_model_names(monkeypatch):
     )
     try:
         engine = app.state.manager.engine
-        assert engine.attention_backend == "triton"  # --paged-attn: the paged-attention kernels
+        assert engine.attention_backend == "cpu"  # --paged-attn: this device's paged-attention kernels
         assert engine.describe()["nvtx"] is False  # accepted, and reported off on a CPU
         assert engine.config.nvtx is True
         assert app.state.manager._scheduler.prefill_max_batch_size == 3
@@ -190,10 +190,12 @@ def test_seed_engine_flags_and_served_model_names(monkeypatch):
     app = app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--served-model-name", "a", "b")
     app.state.manager.close()
     assert app.state.settings.model_names == ("a", "b")
-    # Outside Triton's interpreter, the kernels cannot run on a CPU: said up front, not at the first step.
+    with pytest.raises(ValueError, match="--paged-attn means the 'cpu' attention backend"):
+        app_for("--model", "gpt2-tiny", "--paged-attn", "--attention-backend", "torch")
+    # Outside Triton's interpreter, its kernels cannot run on a CPU: said up front, not at the first step.
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--paged-attn")
+        app_for("--model", "gpt2-tiny", "--num-kv-blocks", "16", "--attention-backend", "triton")
 
 
 def test_nvtx_ranges_name_each_phase_of_a_step(engine, monkeypatch):

@@ -39,7 +39,7 @@ def streaming_block(model: str, engine, setup, m: dict[str, Any]) -> str:
         f"Device: {engine.device}",
         f"Pretok: {setup.pretok}",
         f"Tokenize workers: {setup.tokenize_workers}",
-        f"Paged attention: {info['attention_backend'] == 'triton'} ({info['attention_backend']} backend)",
+        f"Paged attention: {info['paged_attention_kernel']} ({info['attention_backend']} backend)",
         f"CUDA Graph: {info['cuda_graph']}",
         nvtx_line(engine),
         f"Requests: {m['num_requests']}",

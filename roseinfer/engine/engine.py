@@ -135,6 +135,7 @@ class InferenceEngine:
 
     def describe(self) -> dict[str, Any]:
         """What is loaded and how it runs (for logs, /v1/models and result files)."""
+        attention = self.runner.model.attention
         return {
             "weights": self.weights.description,
             "weights_source": self.weights.source,
@@ -147,6 +148,9 @@ class InferenceEngine:
             "num_kv_blocks": self.num_kv_blocks,
             "block_size": self.config.block_size,
             "attention_backend": self.attention_backend,
+            # Whether a kernel reads K/V in place through the block table (the cpu backend's C
+            # kernel may be missing: no compiler), rather than gathering them first.
+            "paged_attention_kernel": getattr(attention, "fused", attention.name == "triton"),
             "cuda_graph": self.runner.graphs is not None,
             "nvtx": self.runner.nvtx,
             "prefill_max_batch_size": self.config.prefill_max_batch_size,
@@ -218,7 +222,7 @@ def _check_backend_runs_here(backend: str, device: torch.device) -> None:
     # Triton compiles for GPUs; on a CPU only its interpreter runs the kernels (exact, and slow).
     if backend == "triton" and device.type != "cuda" and not interpreting():
         raise ValueError(
-            f"the triton attention backend (--paged-attn) needs CUDA; on {device} run it under "
+            f"the triton attention backend needs CUDA; on {device} run it under "
             "TRITON_INTERPRET=1 (slow: for checking the kernels), or use the torch backend"
         )
 
