@@ -32,7 +32,7 @@ from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
 from roseinfer.bench.scheduler_modes import MODES, SchedulerSetup, run_mode
 from roseinfer.bench.seed_report import scheduler_summary
 from roseinfer.bench.workloads import BenchRequest, fixed_prompt, mixed_output_lengths, random_prompts
-from roseinfer.cli import add_engine_args, command_parser, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args, scheduler_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(workload)
     ]
     setup = SchedulerSetup(
-        max_batch_size=args.max_batch_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_cache=not args.no_prefix_cache,
+        **scheduler_options(args),
         pretok=args.pretok,
         request_rate=args.request_rate,
         seed=args.seed,

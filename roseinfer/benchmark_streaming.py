@@ -24,7 +24,7 @@ from roseinfer.bench.metrics import median_run, spread
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.seed_report import streaming_block
 from roseinfer.bench.streaming import StreamingSetup, run_streaming
-from roseinfer.cli import add_engine_args, command_parser, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args, scheduler_options
 from roseinfer.history import MANAGER_VARIANTS
 
 
@@ -80,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         submit_schedule=args.submit_schedule,
         stream_interval=args.stream_interval,
         tokenize_workers=args.tokenize_workers,
-        max_batch_size=args.max_batch_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_cache=not args.no_prefix_cache,
+        **scheduler_options(args),
     )
     for _ in range(args.warmup_runs):
         for variant in variants:

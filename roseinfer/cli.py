@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from roseinfer.engine.engine import InferenceEngine
 from roseinfer.model.attention import ATTENTION_BACKENDS
@@ -85,6 +86,15 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     g.add_argument(
         "--nvtx", action="store_true", help="NVTX ranges around each step's phases (CUDA; off on CPU)"
     )
+
+
+def scheduler_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler's limits from the engine flags, for a manager or a benchmark setup."""
+    return {
+        "max_batch_size": args.max_batch_size,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "enable_prefix_cache": not args.no_prefix_cache,
+    }
 
 
 def paged_attention_backend(device: str, requested: str | None = None) -> str:

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from roseinfer.cli import add_engine_args, command_parser, engine_from_args
+from roseinfer.cli import add_engine_args, command_parser, engine_from_args, scheduler_options
 from roseinfer.history import MANAGER_VARIANTS, make_manager
 from roseinfer.server.api import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
 from roseinfer.server.metrics import ServerMetrics
@@ -69,9 +69,7 @@ def build_app(args: argparse.Namespace) -> Any:
     manager = make_manager(
         args.manager_variant,
         engine,
-        max_batch_size=args.max_batch_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_cache=not args.no_prefix_cache,
+        **scheduler_options(args),
         stream_interval=args.stream_interval,
         max_inflight_requests=args.max_inflight_requests,
         on_finished=metrics.on_finished,
