@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 # Notebooks run under nbval and write their results to a temporary directory,
 # so a test run never overwrites the committed results/.
 test: install
-	ROSEINFER_RESULTS_DIR=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval
+	ROSEINFER_CPU_DTYPE=float32 ROSEINFER_RESULTS_DIR=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval
 
 # Re-execute every notebook in place (outputs and results/ refreshed).
 notebooks: install

@@ -41,7 +41,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default="cpu")
     g.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)"
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | float16 | auto (default auto: bf16 on CUDA and on CPUs with "
+        "native bf16 (AVX512-BF16/AMX), else fp32)",
     )
     g.add_argument(
         "--weights-seed", type=int, default=0, help="seed of the random weights when no checkpoint is found"

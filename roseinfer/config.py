@@ -9,6 +9,7 @@ print them and a benchmark can write them into its result file.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,10 +115,24 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """fp32 on CPU, bf16 on CUDA unless asked otherwise."""
+    """The run dtype; None or "auto" picks bf16 on CUDA and on CPUs with native bf16, else fp32.
+
+    On a CPU, `ROSEINFER_CPU_DTYPE` (float32 | bfloat16 | auto) replaces "auto":
+    `make test` sets it to float32, so that the suite and the notebooks compare
+    exact fp32 tokens whatever CPU runs them (bf16 has tests of its own).
+    """
+    if (dtype is None or dtype == "auto") and device.type == "cpu":
+        dtype = os.environ.get("ROSEINFER_CPU_DTYPE", "auto")
     if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        native = device.type == "cuda" or (device.type == "cpu" and native_bf16_cpu())
+        return torch.bfloat16 if native else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     try:
@@ -131,7 +146,7 @@ class EngineConfig:
     """How the engine runs a model. Every field can be passed to `from_pretrained`."""
 
     device: str = "cpu"
-    dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA
+    dtype: str | None = None  # None ("auto"): bf16 on CUDA and on CPUs with native bf16, else fp32
     seed: int = 0  # seeds random weights when no checkpoint is found
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb

@@ -19,6 +19,9 @@ import torch
 # go to a closed local port and fail at once, so the weights are the same on
 # every machine. roseinfer.hub reads HF_ENDPOINT at call time.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+# "auto" would be bf16 on CPUs with native bf16 and fp32 elsewhere; the suite and
+# the notebooks compare exact fp32 tokens on every CPU (bf16 is tested by name).
+os.environ.setdefault("ROSEINFER_CPU_DTYPE", "float32")
 
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through its interpreter; it must be on

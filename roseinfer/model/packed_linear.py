@@ -30,13 +30,6 @@ PACK_FOR_ROWS = 32
 ACTIVATIONS = {"none": ("none", ""), "gelu_tanh": ("gelu", "tanh")}
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation."""
-    cpu = torch.cpu
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
-
-
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
