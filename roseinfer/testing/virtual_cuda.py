@@ -84,17 +84,21 @@ def _tensors(args: Any, kwargs: dict, found: list) -> list:
 
 
 def where() -> str:
-    """The innermost line of project code (roseinfer, benchmarks, tests, a notebook cell) on the stack."""
-    frame = sys._getframe(1)
+    """The innermost line of project code on the stack (roseinfer, benchmarks, tests), and the
+    notebook cell that led there if there is one."""
+    frame, inner, cell = sys._getframe(1), None, None
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(str(_PACKAGE_ROOT / "testing")):
-            if name.startswith(str(_REPO_ROOT)):
-                return f"{Path(name).relative_to(_REPO_ROOT)}:{frame.f_lineno} in {frame.f_code.co_name}"
-            if ".ipynb" in name or "ipykernel" in name:
-                return f"{name}:{frame.f_lineno}"
+        if ".ipynb" in name or "ipykernel" in name:
+            cell = cell or f"{name}:{frame.f_lineno}"
+        elif name.startswith(str(_REPO_ROOT)) and not name.startswith(str(_PACKAGE_ROOT / "testing")):
+            inner = (
+                inner or f"{Path(name).relative_to(_REPO_ROOT)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            )
         frame = frame.f_back
-    return "<outside roseinfer>"
+    if inner and cell:
+        return f"{inner} (from {cell})"
+    return inner or cell or "<outside roseinfer>"
 
 
 def _fail(what: str) -> None:
