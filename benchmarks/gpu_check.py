@@ -31,9 +31,11 @@ from roseinfer.engine.runner import BatchEntry
 GREEDY = SamplingParams(max_new_tokens=1)
 
 
-def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8) -> dict:
+def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_prompt_len: int = 60) -> dict:
     rng = random.Random(0)
-    prompts = [[rng.randrange(50000) for _ in range(rng.randint(4, 60))] for _ in range(num_prompts)]
+    prompts = [
+        [rng.randrange(50000) for _ in range(rng.randint(4, max_prompt_len))] for _ in range(num_prompts)
+    ]
     params = SamplingParams(max_new_tokens=new_tokens, stop_on_eos=False)
     out = {}
     for model in models:
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
     metrics = {}
     step_model = "gpt2-tiny" if args.tiny else "gpt2"
     if "tokens" not in args.skip:
-        metrics["tokens"] = token_checks(args.models, *((3, 3) if args.tiny else (24, 8)))
+        metrics["tokens"] = token_checks(args.models, *((3, 3, 12) if args.tiny else (24, 8, 60)))
     if "steps" not in args.skip:
         metrics["steps"] = step_timings(
             step_model, args.batches, args.contexts, args.repeats, small=args.tiny
