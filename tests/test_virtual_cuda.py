@@ -122,3 +122,12 @@ def test_half_moved_attention_metadata_fails(virtual_cuda):
     meta.block_tables, meta.context_lens = meta.block_tables.cuda(), meta.context_lens.cuda()
     with pytest.raises(DeviceMixError, match=r"roseinfer/model/attention.py:\d+ in plan"):
         TorchPagedAttention().plan(meta, 4, 2)
+
+
+def test_nesting_keeps_one_mode_per_thread(virtual_cuda):
+    from roseinfer.testing.virtual_cuda import virtual_cuda as again
+
+    with again():
+        x = torch.arange(4).to("cuda", copy=True)
+        assert x.is_cuda and torch.equal(x.cpu(), torch.arange(4))
+    assert active() and torch.ones(1, device="cuda").is_cuda

@@ -201,6 +201,7 @@ def _check_generator(func, args, kwargs, on_cuda: bool) -> None:
 # -- Tensor methods that move data between devices ----------------------------------------------
 def _to(state, func, args, kwargs):
     self, rest = args[0], args[1:]
+    copy = kwargs.pop("copy", False)
     other = next((a for a in rest if isinstance(a, torch.Tensor)), kwargs.pop("other", None))
     if other is not None:
         target, dtype, non_blocking, fmt = (
@@ -215,9 +216,7 @@ def _to(state, func, args, kwargs):
     moves = target != is_cuda(self)
     if moves and target:
         state.h2d_copies += 1
-    options = dict(
-        device="cpu", dtype=dtype, non_blocking=non_blocking, copy=kwargs.get("copy", False) or moves
-    )
+    options = dict(device="cpu", dtype=dtype, non_blocking=non_blocking, copy=copy or moves)
     if fmt is not None:
         options["memory_format"] = fmt
     out = func(self, **options)
@@ -367,13 +366,18 @@ def _enter_thread() -> None:
     stack = getattr(_thread_modes, "stack", None)
     if stack is None:
         stack = _thread_modes.stack = []
+    if stack:  # nested: one mode per thread, or every op would be rewritten twice
+        stack.append(None)
+        return
     mode = _Mode(_active)
     mode.__enter__()
     stack.append(mode)
 
 
 def _exit_thread() -> None:
-    _thread_modes.stack.pop().__exit__(None, None, None)
+    mode = _thread_modes.stack.pop()
+    if mode is not None:
+        mode.__exit__(None, None, None)
 
 
 _original_bootstrap = threading.Thread._bootstrap_inner
