@@ -85,20 +85,20 @@ def _tensors(args: Any, kwargs: dict, found: list) -> list:
 
 def where() -> str:
     """The innermost line of project code on the stack (roseinfer, benchmarks, tests), and the
-    notebook cell that led there if there is one."""
-    frame, inner, cell = sys._getframe(1), None, None
+    notebook cells that led there if any (innermost first)."""
+    frame, inner, cells = sys._getframe(1), None, []
     while frame is not None:
         name = frame.f_code.co_filename
         if ".ipynb" in name or "ipykernel" in name:
-            cell = cell or f"{name}:{frame.f_lineno}"
+            cells.append(f"{name}:{frame.f_lineno}")
         elif name.startswith(str(_REPO_ROOT)) and not name.startswith(str(_PACKAGE_ROOT / "testing")):
             inner = (
                 inner or f"{Path(name).relative_to(_REPO_ROOT)}:{frame.f_lineno} in {frame.f_code.co_name}"
             )
         frame = frame.f_back
-    if inner and cell:
-        return f"{inner} (from {cell})"
-    return inner or cell or "<outside roseinfer>"
+    if inner and cells:
+        return f"{inner} (from {' <- '.join(cells)})"
+    return inner or " <- ".join(cells) or "<outside roseinfer>"
 
 
 def _fail(what: str) -> None:
