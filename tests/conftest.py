@@ -86,6 +86,8 @@ def virtual_cuda():
     """Run the test's CUDA branch on CPU tensors tagged as CUDA (roseinfer.testing.virtual_cuda)."""
     from roseinfer.testing.virtual_cuda import virtual_cuda as mode
 
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here: the native tests run the CUDA branches")
     with mode() as state:
         yield state
 
@@ -99,5 +101,7 @@ def engine_device(request):
         return
     from roseinfer.testing.virtual_cuda import virtual_cuda as mode
 
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here: the native run covers CUDA")
     with mode():
         yield "cuda"
