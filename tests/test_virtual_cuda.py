@@ -131,3 +131,11 @@ def test_nesting_keeps_one_mode_per_thread(virtual_cuda):
         x = torch.arange(4).to("cuda", copy=True)
         assert x.is_cuda and torch.equal(x.cpu(), torch.arange(4))
     assert active() and torch.ones(1, device="cuda").is_cuda
+
+
+def test_in_place_ops_return_their_tensor_and_moves_return_new_ones(virtual_cuda):
+    x = torch.zeros(3, device="cuda")
+    assert x.add_(1) is x and x.is_cuda
+    host = torch.ones(3)
+    moved = torch.as_tensor(host, device="cuda")  # on the CPU this would be `host` itself
+    assert moved is not host and moved.is_cuda and not host.is_cuda

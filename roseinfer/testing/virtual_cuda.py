@@ -161,8 +161,8 @@ class _Mode(TorchFunctionMode):
                 _fail(f"{_name(func)} mixes devices ({_describe(inputs)})")
         _check_generator(func, args, kwargs, target)
         out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and target and any(out is t for t in inputs):
-            out = out.clone()  # asked for a new device: a new tensor, never the host one retagged
+        if isinstance(out, torch.Tensor) and any(out is t and is_cuda(t) != target for t in inputs):
+            out = out.clone()  # moved to another device: a new tensor, never an input retagged
         if target or on_cuda:
             _tag(out, target)
         if pinned and isinstance(out, torch.Tensor):
