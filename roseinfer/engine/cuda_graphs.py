@@ -18,7 +18,10 @@ Larger batches and steps with prompt tokens run eagerly. The only host sync
 of a step is reading the sampled tokens.
 
 `DecodeGraphs(..., capture=False)` runs the same padded static-buffer path
-without capturing; tests use it on CPU to check the padding.
+without capturing; tests use it on CPU, and under virtual CUDA
+(roseinfer.testing), to check the padding, the staging copy and the devices.
+Before capture a warm-up runs with padding rows only (slot -1), so enabling
+graphs on an engine that already holds live or cached K/V leaves them intact.
 """
 
 from __future__ import annotations
