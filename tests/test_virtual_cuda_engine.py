@@ -111,3 +111,20 @@ def test_gpu_check_runs_at_tiny_sizes(virtual_cuda, monkeypatch, tmp_path):
         "torch_eager",
     }
     assert metrics["offline"]["output_tok_s"] > 0
+
+
+def test_a_reintroduced_host_generator_fails_the_cuda_run(hf_tiny_dir, monkeypatch, virtual_cuda):
+    """The suite is not blind: a seeded request given a CPU generator on a CUDA engine fails, naming
+    the line in roseinfer that draws from it."""
+    import torch
+
+    from roseinfer.testing.virtual_cuda import DeviceMixError
+
+    monkeypatch.setattr(
+        SamplingParams, "make_generator", lambda self, device: torch.Generator().manual_seed(1)
+    )
+    engine = InferenceEngine.from_pretrained(
+        str(hf_tiny_dir), device="cuda", dtype="float32", num_kv_blocks=16, attention_backend="torch"
+    )
+    with pytest.raises(DeviceMixError, match=r"generator made for cpu, at roseinfer/sampling.py:\d+"):
+        engine.generate(PROMPTS[:1], SEEDED)
