@@ -1,7 +1,7 @@
 """The CUDA engine, checked and timed in one run (needs a GPU).
 
     python benchmarks/gpu_check.py                      # everything, writes results/<gpu>/gpu_check.json + .png
-    python benchmarks/gpu_check.py --tiny               # the same code paths at CI sizes (CI: virtual CUDA)
+    python benchmarks/gpu_check.py --tiny               # the same code paths at CI sizes, to results/tiny/
 
 1. Tokens: greedy tokens on CUDA (fp32; Triton kernels, with and without CUDA
    graphs, and the torch reference) equal the CPU reference, for gpt2-tiny
@@ -23,7 +23,7 @@ import torch
 
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench import plots
-from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.results import make_result, results_dir, results_root, write_json
 from roseinfer.bench.roofline import decode_step_cost, measure_peaks
 from roseinfer.engine.block_manager import blocks_for
 from roseinfer.engine.runner import BatchEntry
@@ -176,7 +176,8 @@ def main(argv=None) -> int:
     if "offline" not in args.skip:
         shape = (4, 8, 3) if args.tiny else (128, 256, 64)
         metrics["offline"] = offline_throughput(step_model, shape, 1 if args.tiny else 3)
-    out = results_dir("cuda") / "gpu_check.json"
+    # --tiny numbers go under results/tiny/: they must never replace a real GPU run's
+    out = results_dir("cuda", results_root() / "tiny" if args.tiny else None) / "gpu_check.json"
     write_json(out, make_result("gpu_check", "cuda-engine", vars(args), metrics, "cuda"))
     if "steps" in metrics:
         rows = metrics["steps"]["rows"]

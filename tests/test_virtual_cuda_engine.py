@@ -100,7 +100,7 @@ def test_gpu_check_runs_at_tiny_sizes(virtual_cuda, monkeypatch, tmp_path):
     import gpu_check
 
     assert gpu_check.main(["--tiny"]) == 0
-    [written] = tmp_path.glob("*/gpu_check.json")
+    [written] = tmp_path.glob("tiny/*/gpu_check.json")
     metrics = json.loads(written.read_text())["metrics"]
     checks = metrics["tokens"]["gpt2-tiny"]
     assert all(checks[name]["equal_to_cpu"] for name in checks if name.startswith("cuda_fp32"))

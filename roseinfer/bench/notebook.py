@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from roseinfer.bench import plots
-from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, write_json
+from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
 
 GPU_TAGS = ("h100", "h200")
 
@@ -86,8 +86,11 @@ def reference(name: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def save(name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any], fig=None) -> Path:
-    """Write results/<device>/<name>.json (and .png when a figure is given)."""
-    out = results_dir(device()) / f"{name}.json"
+    """Write results/<device>/<name>.json (and .png when a figure is given).
+
+    A run at tiny sizes writes under results/tiny/<device>/: its numbers never replace real ones.
+    """
+    out = results_dir(device(), results_root() / "tiny" if tiny() else None) / f"{name}.json"
     write_json(out, make_result(name, variant, config, metrics, device()))
     if fig is not None:
         plots.save(fig, out.with_suffix(".png"))
