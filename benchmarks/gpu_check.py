@@ -1,6 +1,7 @@
 """The CUDA engine, checked and timed in one run (needs a GPU).
 
     python benchmarks/gpu_check.py                      # everything, writes results/<gpu>/gpu_check.json + .png
+    python benchmarks/gpu_check.py --tiny               # the same code paths at CI sizes, to results/tiny/
 
 1. Tokens: greedy tokens on CUDA (fp32; Triton kernels, with and without CUDA
    graphs, and the torch reference) equal the CPU reference, for gpt2-tiny
@@ -22,7 +23,7 @@ import torch
 
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench import plots
-from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.results import make_result, results_dir, results_root, write_json
 from roseinfer.bench.roofline import decode_step_cost, measure_peaks
 from roseinfer.engine.block_manager import blocks_for
 from roseinfer.engine.runner import BatchEntry
@@ -30,9 +31,11 @@ from roseinfer.engine.runner import BatchEntry
 GREEDY = SamplingParams(max_new_tokens=1)
 
 
-def token_checks(models: list[str], new_tokens: int) -> dict:
+def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_prompt_len: int = 60) -> dict:
     rng = random.Random(0)
-    prompts = [[rng.randrange(50000) for _ in range(rng.randint(4, 60))] for _ in range(8)]
+    prompts = [
+        [rng.randrange(50000) for _ in range(rng.randint(4, max_prompt_len))] for _ in range(num_prompts)
+    ]
     params = SamplingParams(max_new_tokens=new_tokens, stop_on_eos=False)
     out = {}
     for model in models:
@@ -88,8 +91,8 @@ def time_decode_step(engine, batch: int, context: int, repeats: int) -> float:
             blocks.free(table)
 
 
-def step_timings(batches: list[int], contexts: list[int], repeats: int) -> dict:
-    peaks = measure_peaks("cuda", torch.bfloat16)
+def step_timings(model: str, batches: list[int], contexts: list[int], repeats: int, small: bool) -> dict:
+    peaks = measure_peaks("cuda", torch.bfloat16, small=small)
     variants = {
         "triton_graphs": dict(attention_backend="triton", cuda_graph=True),
         "triton_eager": dict(attention_backend="triton", cuda_graph=False),
@@ -98,7 +101,7 @@ def step_timings(batches: list[int], contexts: list[int], repeats: int) -> dict:
     rows = []
     for name, options in variants.items():
         engine = InferenceEngine.from_pretrained(
-            "gpt2",
+            model,
             device="cuda",
             dtype="bfloat16",
             max_batch_size=max(batches),
@@ -122,13 +125,15 @@ def step_timings(batches: list[int], contexts: list[int], repeats: int) -> dict:
     return {"rows": rows, "peaks": peaks}
 
 
-def offline_throughput(repeats: int) -> dict:
+def offline_throughput(model: str, shape: tuple[int, int, int], repeats: int) -> dict:
+    """Output tokens/s of `shape` = (prompts, prompt tokens, new tokens) in one generate call."""
+    num_prompts, prompt_len, new_tokens = shape
     engine = InferenceEngine.from_pretrained(
-        "gpt2", device="cuda", dtype="bfloat16", max_batch_size=128, max_num_batched_tokens=8192
+        model, device="cuda", dtype="bfloat16", max_batch_size=num_prompts, max_num_batched_tokens=8192
     )
     rng = random.Random(0)
-    prompts = [[rng.randrange(50000) for _ in range(256)] for _ in range(128)]
-    params = SamplingParams(max_new_tokens=64, stop_on_eos=False)
+    prompts = [[rng.randrange(50000) for _ in range(prompt_len)] for _ in range(num_prompts)]
+    params = SamplingParams(max_new_tokens=new_tokens, stop_on_eos=False)
     engine.generate(prompts[:8], params)  # warm-up
     runs = []
     for _ in range(repeats):
@@ -137,7 +142,9 @@ def offline_throughput(repeats: int) -> dict:
         start = time.perf_counter()
         outs = engine.generate(prompts, params, enable_prefix_cache=False)
         runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
-    print(f"offline 128 x 256 -> 64: {statistics.median(runs):,.0f} output tok/s (runs {runs})")
+    print(
+        f"offline {num_prompts} x {prompt_len} -> {new_tokens}: {statistics.median(runs):,.0f} output tok/s"
+    )
     return {"output_tok_s": statistics.median(runs), "runs": runs}
 
 
@@ -148,17 +155,29 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1000])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--skip", nargs="*", default=[], choices=["tokens", "steps", "offline"])
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CI sizes: gpt2-tiny, 2 batch sizes, one short context, 2 repeats; the numbers mean nothing",
+    )
     args = p.parse_args(argv)
+    if args.tiny:
+        args.models, args.batches, args.contexts, args.repeats = ["gpt2-tiny"], [1, 2], [16], 2
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check.py needs a CUDA device")
     metrics = {}
+    step_model = "gpt2-tiny" if args.tiny else "gpt2"
     if "tokens" not in args.skip:
-        metrics["tokens"] = token_checks(args.models, 24)
+        metrics["tokens"] = token_checks(args.models, *((3, 3, 12) if args.tiny else (24, 8, 60)))
     if "steps" not in args.skip:
-        metrics["steps"] = step_timings(args.batches, args.contexts, args.repeats)
+        metrics["steps"] = step_timings(
+            step_model, args.batches, args.contexts, args.repeats, small=args.tiny
+        )
     if "offline" not in args.skip:
-        metrics["offline"] = offline_throughput(3)
-    out = results_dir("cuda") / "gpu_check.json"
+        shape = (4, 8, 3) if args.tiny else (128, 256, 64)
+        metrics["offline"] = offline_throughput(step_model, shape, 1 if args.tiny else 3)
+    # --tiny numbers go under results/tiny/: they must never replace a real GPU run's
+    out = results_dir("cuda", results_root() / "tiny" if args.tiny else None) / "gpu_check.json"
     write_json(out, make_result("gpu_check", "cuda-engine", vars(args), metrics, "cuda"))
     if "steps" in metrics:
         rows = metrics["steps"]["rows"]
@@ -176,7 +195,12 @@ def main(argv=None) -> int:
             [r["floor_ms"] for r in rows if r["variant"] == "triton_graphs" and r["context"] == context],
         )
         plots.curve(
-            axes[0], series, "batch size", "decode step (ms)", f"gpt2 bf16, context {context}", logx=True
+            axes[0],
+            series,
+            "batch size",
+            "decode step (ms)",
+            f"{step_model} bf16, context {context}",
+            logx=True,
         )
         batch = 64 if 64 in args.batches else args.batches[-1]
         series = {
@@ -186,7 +210,9 @@ def main(argv=None) -> int:
             )
             for v in ("torch_eager", "triton_eager", "triton_graphs")
         }
-        plots.curve(axes[1], series, "context length", "decode step (ms)", f"gpt2 bf16, batch {batch}")
+        plots.curve(
+            axes[1], series, "context length", "decode step (ms)", f"{step_model} bf16, batch {batch}"
+        )
         plots.save(fig, out.with_suffix(".png"))
     print(f"wrote {out}")
     return 0

@@ -88,3 +88,29 @@ def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]
 @pytest.fixture(autouse=True)
 def _quiet_logs(caplog):
     caplog.set_level(logging.INFO, logger="roseinfer")
+
+
+@pytest.fixture
+def virtual_cuda():
+    """Run the test's CUDA branch on CPU tensors tagged as CUDA (roseinfer.testing.virtual_cuda)."""
+    from roseinfer.testing.virtual_cuda import virtual_cuda as mode
+
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here: the native tests run the CUDA branches")
+    with mode() as state:
+        yield state
+
+
+@pytest.fixture(params=["native", "virtual-cuda"])
+def engine_device(request):
+    """The device to build an engine on: this machine's ("cuda" where there is one), then the CUDA
+    branch on CPU tensors tagged as CUDA (whose default dtype, like a GPU's, is bf16)."""
+    if request.param == "native":
+        yield "cuda" if torch.cuda.is_available() else "cpu"
+        return
+    from roseinfer.testing.virtual_cuda import virtual_cuda as mode
+
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here: the native run covers CUDA")
+    with mode():
+        yield "cuda"

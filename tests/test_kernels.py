@@ -132,7 +132,7 @@ def test_decode_kernel_in_half_precision():
         assert rel_err(out.float(), reference) <= (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
-def test_triton_backend_generates_the_torch_backends_tokens(hf_tiny_dir):
+def test_triton_backend_generates_the_torch_backends_tokens(hf_tiny_dir, engine_device):
     from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
 
     prompts = ["Triton and torch agree", "on every token", "東京 🙂"]
@@ -141,8 +141,9 @@ def test_triton_backend_generates_the_torch_backends_tokens(hf_tiny_dir):
         o.token_ids
         for o in InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=32).generate(prompts, params)
     ]
+    # fp32 like the reference: on CUDA the default is bf16, whose tokens may differ from fp32's
     engine = InferenceEngine.from_pretrained(
-        str(hf_tiny_dir), num_kv_blocks=32, attention_backend="triton", device=device()
+        str(hf_tiny_dir), num_kv_blocks=32, attention_backend="triton", device=engine_device, dtype="float32"
     )
     assert isinstance(engine.runner.model.attention, TritonPagedAttention)
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected

@@ -1,7 +1,8 @@
 """Small helpers that keep the notebooks about their subject.
 
 - `show_source` prints the code of a before and an after side by side (one after the other);
-- `sizes` picks the CPU or the GPU parameters of a notebook;
+- `sizes` picks the CPU or the GPU parameters of a notebook (or the GPU ones at
+  CI sizes: `ROSEINFER_NOTEBOOK_SIZES=tiny`, which CI runs under virtual CUDA);
 - `verdict` turns two lists of repeated measurements into a sentence that
   says which is better, by how much, and whether that is outside the
   run-to-run noise;
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from roseinfer.bench import plots
-from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, write_json
+from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
 
 GPU_TAGS = ("h100", "h200")
 
@@ -36,8 +38,20 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def sizes(cpu: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
-    """The notebook's parameters: small on a CPU, full size where CUDA is present."""
+def tiny() -> bool:
+    """Whether the notebooks run their GPU branch at CI sizes (ROSEINFER_NOTEBOOK_SIZES=tiny)."""
+    return os.environ.get("ROSEINFER_NOTEBOOK_SIZES") == "tiny"
+
+
+def sizes(cpu: dict[str, Any], gpu: dict[str, Any], tiny_gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The notebook's parameters: small on a CPU, full size where CUDA is present.
+
+    Under ROSEINFER_NOTEBOOK_SIZES=tiny, the GPU parameters with `tiny_gpu`'s
+    overrides: the GPU code path at a size CI can afford (tests run every
+    notebook so, on virtual CUDA). Numbers measured so mean nothing.
+    """
+    if tiny():
+        return dict(gpu, **(tiny_gpu or {}), device=device())
     return dict(gpu if device() == "cuda" else cpu, device=device())
 
 
@@ -72,8 +86,11 @@ def reference(name: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def save(name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any], fig=None) -> Path:
-    """Write results/<device>/<name>.json (and .png when a figure is given)."""
-    out = results_dir(device()) / f"{name}.json"
+    """Write results/<device>/<name>.json (and .png when a figure is given).
+
+    A run at tiny sizes writes under results/tiny/<device>/: its numbers never replace real ones.
+    """
+    out = results_dir(device(), results_root() / "tiny" if tiny() else None) / f"{name}.json"
     write_json(out, make_result(name, variant, config, metrics, device()))
     if fig is not None:
         plots.save(fig, out.with_suffix(".png"))

@@ -98,13 +98,20 @@ def continuous_batching_floor(
 
 
 @functools.lru_cache(maxsize=8)
-def measure_peaks(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, float]:
-    """Measured matmul FLOP/s (in dtype) and copy bandwidth (bytes/s) on the device."""
+def measure_peaks(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, small: bool = False
+) -> dict[str, float]:
+    """Measured matmul FLOP/s (in dtype) and copy bandwidth (bytes/s) on the device.
+
+    small=True: a token-sized measurement that only exercises the code (CI), not a peak.
+    """
     dev = torch.device(device)
-    n = 4096 if dev.type == "cuda" else 1536
+    n = 128 if small else 4096 if dev.type == "cuda" else 1536
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
-    big = torch.empty((256 if dev.type == "cuda" else 64) << 20, device=dev, dtype=torch.uint8)
+    big = torch.empty(
+        (1 if small else 256 if dev.type == "cuda" else 64) << 20, device=dev, dtype=torch.uint8
+    )
     dst = torch.empty_like(big)
 
     def best(fn, reps: int) -> float:

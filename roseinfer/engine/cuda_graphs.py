@@ -8,8 +8,8 @@ A graph replays fixed shapes and fixed addresses, so:
 - a graph is captured for each batch-size bucket (1, 2, 4, 8, 16, then every
   16 up to the largest batch), and a batch runs in the smallest bucket that
   holds it, the extra rows padded (no KV write: slot -1; a one-token context);
-- the inputs live in static device buffers, filled each step from one pinned
-  host buffer with a single asynchronous copy;
+- the inputs live in static device buffers, one flat buffer per bucket, filled
+  each step from one pinned host buffer with a single asynchronous copy;
 - attention must not size anything from the data: the Triton decode kernel
   loops over each sequence's context inside the kernel, which the torch
   reference (a gather sized by the longest context) cannot do.
@@ -18,13 +18,17 @@ Larger batches and steps with prompt tokens run eagerly. The only host sync
 of a step is reading the sampled tokens.
 
 `DecodeGraphs(..., capture=False)` runs the same padded static-buffer path
-without capturing; tests use it on CPU to check the padding.
+without capturing; tests use it on CPU, and under virtual CUDA
+(roseinfer.testing), to check the padding, the staging copy and the devices.
+Before capture a warm-up runs with padding rows only (slot -1), so enabling
+graphs on an engine that already holds live or cached K/V leaves them intact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from roseinfer.model.attention import AttentionMetadata
@@ -43,6 +47,15 @@ def graph_buckets(max_batch_size: int) -> list[int]:
     return sorted(set(buckets))
 
 
+def can_capture(device: torch.device) -> bool:
+    """Graphs are captured on a real CUDA device. Under virtual CUDA (roseinfer.testing: CPU
+    tensors that report cuda:0) there is nothing to capture, and the same padded
+    static-buffer path runs uncaptured."""
+    from roseinfer.testing import virtual_cuda
+
+    return device.type == "cuda" and not virtual_cuda.active()
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -58,16 +71,19 @@ class DecodeGraphs:
         self.buckets = graph_buckets(max_batch_size)
         self.max_batch_size = self.buckets[-1]
         self.max_blocks_per_seq = max_blocks_per_seq
-        n = self.max_batch_size
-        # One pinned host buffer for the per-row integers, one for the block tables.
+        # Staging: per bucket, one flat int64 buffer [ids | positions | slots | context lens | block
+        # tables], so a step is one contiguous copy from the pinned host buffer to that bucket's
+        # static device buffer (a strided slice would go through an unpinned temporary).
+        self._width = 4 + max_blocks_per_seq
         pin = self.device.type == "cuda"
-        self._host_rows = torch.zeros((4, n), dtype=torch.int64, pin_memory=pin)  # ids, positions, slots, ctx
-        self._host_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
-        self._host_rows_np, self._host_tables_np = self._host_rows.numpy(), self._host_tables.numpy()
-        self._rows = torch.zeros((4, n), dtype=torch.int64, device=self.device)
-        self._tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=self.device)
-        self._context_lens = torch.ones(n, dtype=torch.int32, device=self.device)
-        self._query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=self.device)
+        self._host = torch.zeros(self.max_batch_size * self._width, dtype=torch.int64, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self._static = {
+            b: torch.zeros(b * self._width, dtype=torch.int64, device=self.device) for b in self.buckets
+        }
+        self._query_start_loc = torch.arange(self.max_batch_size + 1, dtype=torch.int32, device=self.device)
+        for b in self.buckets:  # padding everywhere: a warm-up or capture run writes no K/V
+            self._stage([], [], [], [], b)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self.captured = False
@@ -80,28 +96,49 @@ class DecodeGraphs:
                 return b
         return None
 
+    def _fields(self, flat: torch.Tensor | np.ndarray, bucket: int) -> tuple:
+        """(ids, positions, slots, context lens, block tables) views of a bucket's flat buffer."""
+        b = bucket
+        return (
+            flat[:b],
+            flat[b : 2 * b],
+            flat[2 * b : 3 * b],
+            flat[3 * b : 4 * b],
+            flat[4 * b :].reshape(b, -1),
+        )
+
     def _forward(self, bucket: int) -> torch.Tensor:
+        ids, positions, slots, context_lens, tables = self._fields(self._static[bucket], bucket)
         meta = AttentionMetadata(
-            slot_mapping=self._rows[2, :bucket],
-            block_tables=self._tables[:bucket],
-            context_lens=self._context_lens[:bucket],
+            slot_mapping=slots,
+            block_tables=tables,
+            context_lens=context_lens,
             query_start_loc=self._query_start_loc[: bucket + 1],
             max_query_len=1,
             max_context_len=self.max_blocks_per_seq * self.kv_cache.shape[3],  # unused by the kernels
         )
-        hidden = self.model(self._rows[0, :bucket], self._rows[1, :bucket], self.kv_cache, meta)
+        hidden = self.model(ids, positions, self.kv_cache, meta)
         return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Compile the Triton kernels and settle the allocator on a side stream, as capture requires.
+
+        The static buffers hold padding rows (slot -1), so this writes nothing into a KV
+        cache that may already hold live or prefix-cached blocks.
+        """
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(self.max_batch_size)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture one graph per bucket, largest first, all sharing one memory pool."""
+        self.warm_up()
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile the Triton kernels and settle the allocator before capturing
-                self._forward(self.max_batch_size)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
         for bucket in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -118,28 +155,21 @@ class DecodeGraphs:
         block_tables: Sequence[Sequence[int]],
         bucket: int,
     ) -> None:
-        """Fill the static inputs: real rows first, padding rows after (no write, a one-token context).
+        """Fill a bucket's static inputs: real rows first, padding rows after (no write, a one-token context).
 
-        The host side writes through numpy views of the pinned buffers: per row
+        The host side writes through numpy views of the pinned buffer: per row
         that is a list assignment, not a tensor construction.
         """
         batch = len(token_ids)
-        rows = self._host_rows_np
-        rows[:, :bucket] = 0
-        rows[2, :bucket] = -1
-        rows[3, :bucket] = 1
-        rows[0, :batch] = token_ids
-        rows[1, :batch] = positions
-        rows[2, :batch] = slots
-        rows[3, :batch] = rows[1, :batch] + 1
-        tables = self._host_tables_np
-        tables[:bucket] = 0
+        size = bucket * self._width
+        ids, pos, slot, ctx, tables = self._fields(self._host_np[:size], bucket)
+        ids[batch:], pos[batch:], slot[batch:], ctx[batch:] = 0, 0, -1, 1
+        ids[:batch], pos[:batch], slot[:batch] = token_ids, positions, slots
+        ctx[:batch] = pos[:batch] + 1
+        tables[:] = 0
         for i, table in enumerate(block_tables):
             tables[i, : len(table)] = table
-        rows, tables = self._host_rows, self._host_tables
-        self._rows[:, :bucket].copy_(rows[:, :bucket], non_blocking=True)
-        self._tables[:bucket].copy_(tables[:bucket], non_blocking=True)
-        self._context_lens[:bucket].copy_(self._rows[3, :bucket])
+        self._static[bucket].copy_(self._host[:size], non_blocking=True)
 
     @torch.inference_mode()
     def run(

@@ -61,11 +61,22 @@ class ModelRunner:
         self.sampler = Sampler()
         self.graphs = None  # DecodeGraphs, when enabled
 
-    def enable_decode_graphs(self, max_batch_size: int, capture: bool = True) -> None:
-        """Run decode-only steps of up to max_batch_size requests through CUDA graphs."""
-        from roseinfer.engine.block_manager import blocks_for
-        from roseinfer.engine.cuda_graphs import DecodeGraphs
+    def enable_decode_graphs(self, max_batch_size: int, capture: bool | None = None) -> None:
+        """Run decode-only steps of up to max_batch_size requests through CUDA graphs.
 
+        capture=None captures where graphs can be captured (a real CUDA device);
+        capture=False runs the same padded static-buffer path uncaptured.
+        """
+        from roseinfer.engine.block_manager import blocks_for
+        from roseinfer.engine.cuda_graphs import DecodeGraphs, can_capture
+
+        if not self.model.attention.graph_safe:
+            raise ValueError(
+                f"decode graphs need an attention backend whose shapes do not depend on the data; "
+                f"{self.model.attention.name!r} sizes its gather by the longest context (use 'triton')"
+            )
+        if capture is None:
+            capture = can_capture(self.device)
         max_blocks = blocks_for(self.config.n_positions, self.block_size)
         self.graphs = DecodeGraphs(self.model, self.kv_cache, max_batch_size, max_blocks, capture=capture)
 

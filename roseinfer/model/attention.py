@@ -31,8 +31,8 @@ import torch.nn.functional as F
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
-    context_lens: torch.Tensor  # [num_seqs] int32: tokens in the cache after this step
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32 (int64 in the graph path), padded with 0
+    context_lens: torch.Tensor  # [num_seqs] int32 (or int64): tokens in the cache after this step
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: packed offsets of new tokens
     max_query_len: int
     max_context_len: int
@@ -65,6 +65,7 @@ class TorchPagedAttention:
     """Gather through the block table + masked SDPA. Any device, any dtype."""
 
     name = "torch"
+    graph_safe = False  # its gather and mask are sized by the longest context (data-dependent)
 
     def plan(self, meta: AttentionMetadata, block_size: int, num_tokens: int) -> dict[str, Any]:
         """Index tensors shared by all layers of one forward pass."""
@@ -124,6 +125,7 @@ class TritonPagedAttention:
     """
 
     name = "triton"
+    graph_safe = True
 
     def forward(
         self,

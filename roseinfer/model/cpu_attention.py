@@ -122,7 +122,9 @@ class CpuPagedAttention(TorchPagedAttention):
         query = query.contiguous()
         out = torch.empty_like(query)
         num_seqs, heads, head_dim = query.shape
-        tables, lens = meta.block_tables.contiguous(), meta.context_lens.contiguous()
+        # The kernel reads int32 (the graph path's int64 tables never come here, but be exact).
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        lens = meta.context_lens.to(torch.int32).contiguous()
         kernel = getattr(self.kernel, KERNELS[query.dtype])
         fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
         pointers = [t.data_ptr() for t in (query, k_cache, v_cache, tables, lens, out)]
