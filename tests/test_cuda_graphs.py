@@ -33,11 +33,11 @@ def test_cuda_graph_needs_cuda_and_triton(hf_tiny_dir):
 
 def test_decode_graphs_refuse_a_data_dependent_attention_backend(make_engine):
     """Issue 13, item 7: capture would hit the torch backend's boolean-mask index (a host sync)."""
-    engine = make_engine(num_kv_blocks=8)
-    assert engine.attention_backend == "torch"
-    with pytest.raises(ValueError, match="'torch' sizes its gather"):
-        engine.runner.enable_decode_graphs(max_batch_size=4, capture=False)
-    assert engine.runner.graphs is None
+    for backend in ("torch", "cpu"):
+        engine = make_engine(num_kv_blocks=8, attention_backend=backend)
+        with pytest.raises(ValueError, match=f"'{backend}' sizes its gather"):
+            engine.runner.enable_decode_graphs(max_batch_size=4, capture=False)
+        assert engine.runner.graphs is None
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
