@@ -125,7 +125,7 @@ def test_the_cpu_backend_runs_decode_steps_through_the_fused_kernel(monkeypatch)
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_fused_bf16_decode_matches_the_reference_in_bf16(threads):
-    seqs = [(1, 1), (15, 1), (16, 1), (17, 1), (129, 1)]
+    seqs = [(1, 1), (15, 1), (16, 1), (17, 1), (129, 1)] + [(300, 1)] * 4  # enough work to split
     q, k, v, k_cache, v_cache, meta, _ = build_case(seqs, 16, heads=12, head_dim=64, dtype=torch.bfloat16)
     fused = CpuPagedAttention(num_threads=threads).forward(q, k, v, k_cache, v_cache, meta, 0.125)
     q32, k32, v32, kc32, vc32 = (t.float() for t in (q, k, v, k_cache, v_cache))

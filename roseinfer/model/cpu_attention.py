@@ -37,6 +37,7 @@ logger = logging.getLogger("roseinfer.model")
 SOURCE = Path(__file__).with_name("cpu_kernels") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
 KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+SPLIT_ABOVE_ROW_TOKENS = 12 * 2048  # (rows x context) below which one thread does the whole step
 
 
 def kernel_cache_dir() -> Path:
@@ -119,6 +120,17 @@ class CpuPagedAttention(TorchPagedAttention):
         if self.kernel is None or not meta.is_decode_only or not fits:
             return super().forward(query, key, value, k_cache, v_cache, meta, scale)
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        return self.decode(query, k_cache, v_cache, meta, scale)
+
+    def decode(
+        self,
+        query: torch.Tensor,  # [B, H, D]: one token a sequence, its K/V already in the cache
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """The fused kernel alone: attention of each sequence's one query over its cached context."""
         query = query.contiguous()
         out = torch.empty_like(query)
         num_seqs, heads, head_dim = query.shape
@@ -133,7 +145,10 @@ class CpuPagedAttention(TorchPagedAttention):
             return kernel(*pointers, begin, end, *fixed)
 
         total = num_seqs * heads
-        bounds = [total * i // self.num_threads for i in range(self.num_threads + 1)]
+        # Handing rows to another thread costs tens of microseconds: worth it only for real work.
+        work = num_seqs * meta.max_context_len * heads
+        threads = self.num_threads if work >= SPLIT_ABOVE_ROW_TOKENS else 1
+        bounds = [total * i // threads for i in range(threads + 1)]
         chunks = [(b, e) for b, e in itertools.pairwise(bounds) if e > b]
         pending = [self._pool.submit(rows, b, e) for b, e in chunks[1:]] if self._pool else []
         status = [rows(*chunks[0])] + [f.result() for f in pending]
