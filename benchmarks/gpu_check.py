@@ -158,17 +158,17 @@ def main(argv=None) -> int:
     p.add_argument(
         "--tiny",
         action="store_true",
-        help="CI sizes: gpt2-tiny, 2 batch sizes, one short context, 2 repeats; the numbers mean nothing",
+        help="CI sizes: gpt2-tiny, 2 batch sizes, one short context, 1 repeat; the numbers mean nothing",
     )
     args = p.parse_args(argv)
     if args.tiny:
-        args.models, args.batches, args.contexts, args.repeats = ["gpt2-tiny"], [1, 2], [16], 2
+        args.models, args.batches, args.contexts, args.repeats = ["gpt2-tiny"], [1, 2], [8], 1
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check.py needs a CUDA device")
     metrics = {}
     step_model = "gpt2-tiny" if args.tiny else "gpt2"
     if "tokens" not in args.skip:
-        metrics["tokens"] = token_checks(args.models, *((3, 3, 12) if args.tiny else (24, 8, 60)))
+        metrics["tokens"] = token_checks(args.models, *((2, 3, 8) if args.tiny else (24, 8, 60)))
     if "steps" not in args.skip:
         metrics["steps"] = step_timings(
             step_model, args.batches, args.contexts, args.repeats, small=args.tiny
