@@ -32,6 +32,7 @@ from roseinfer.bench.engine_compare import (
     agreement,
     build_workloads,
     cpu_info,
+    matching_prefix,
     roofline,
     summarize_engine,
 )
@@ -108,12 +109,10 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
 
 
 def summarize(args, runs, workloads) -> dict[str, Any]:
-    from roseinfer.config import PRESETS as presets
-
     results = {}
+    reference = runs.get(REFERENCE, next(iter(runs.values()), None))
     for name, requests in workloads.items():
-        reference = runs.get(REFERENCE, next(iter(runs.values()), None))
-        floors = roofline(presets[args.preset], requests, args.threads)
+        floors = roofline(PRESETS[args.preset], requests, args.threads)
         block: dict[str, Any] = {
             "num_requests": len(requests),
             "useful_output_tokens": sum(r["max_new_tokens"] for r in requests),
@@ -123,9 +122,9 @@ def summarize(args, runs, workloads) -> dict[str, Any]:
         }
         for engine, engine_runs in runs.items():
             s = summarize_engine([run[name] for run in engine_runs], requests)
-            s["same_tokens_as_reference"] = agreement(
-                engine_runs[0][name]["token_ids"], reference[0][name]["token_ids"]
-            )
+            tokens, expected = engine_runs[0][name]["token_ids"], reference[0][name]["token_ids"]
+            s["same_tokens_as_reference"] = agreement(tokens, expected)
+            s["matching_prefix_with_reference"] = matching_prefix(tokens, expected)
             s["fraction_of_fp32_roofline"] = s["output_throughput_tok_s"] / floors["fp32_tok_s"]
             block["engines"][engine] = s
         results[name] = block
@@ -143,7 +142,8 @@ def report(results: dict[str, Any]) -> None:
             runs = ", ".join(f"{x:.1f}" for x in s["runs_tok_s"])
             print(
                 f"  {engine:<15} {s['output_throughput_tok_s']:8.1f} tok/s  {s['ms_per_token']:7.2f} ms/token  "
-                f"(runs {runs})  same tokens as {REFERENCE}: {s['same_tokens_as_reference']:.0%}"
+                f"(runs {runs})  same tokens as {REFERENCE}: {s['same_tokens_as_reference']:.0%} of requests, "
+                f"{s['matching_prefix_with_reference']:.0%} before the first difference"
                 + ("" if s["exact_output_lengths"] else "  WRONG OUTPUT LENGTHS")
             )
 

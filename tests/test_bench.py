@@ -202,6 +202,16 @@ def test_compare_hf_smoke(tmp_path):
     assert out.with_suffix(".png").exists()
 
 
+def test_greedy_agreement_measures():
+    from roseinfer.bench.engine_compare import agreement, matching_prefix
+
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    drifted = [[1, 2, 3, 4], [5, 6, 0, 0]]  # the second request flips at its third token
+    assert agreement(drifted, reference) == 0.5
+    assert matching_prefix(drifted, reference) == (1 + 0.5) / 2
+    assert agreement(reference, reference) == matching_prefix(reference, reference) == 1.0
+
+
 def test_compare_engines_smoke(tmp_path):
     """The peer harness end to end with the engines CI has (roseinfer, HF); a peer without its venv is skipped."""
     out = tmp_path / "e.json"
@@ -235,4 +245,5 @@ def test_compare_engines_smoke(tmp_path):
         for engine in block["engines"].values():
             assert engine["exact_output_lengths"] and len(engine["runs_tok_s"]) == 1
         assert block["engines"]["hf"]["same_tokens_as_reference"] == 1.0, (name, text)
+        assert block["engines"]["hf"]["matching_prefix_with_reference"] == 1.0, (name, text)
     assert out.with_suffix(".png").exists()

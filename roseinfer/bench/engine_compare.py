@@ -54,6 +54,20 @@ def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
     return sum(a == b for a, b in zip(tokens, reference)) / len(reference)
 
 
+def matching_prefix(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Mean share of each request's tokens that come before its first difference from the reference.
+
+    Greedy decoding amplifies rounding: once one argmax flips (bf16, int8, or
+    fp32 summed in another order) the rest of the request differs, so this
+    says how soon an engine drifts, where `agreement` only says whether.
+    """
+    shares = []
+    for a, b in zip(tokens, reference):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        shares.append(same / len(b))
+    return sum(shares) / len(shares)
+
+
 def summarize_engine(runs: list[dict[str, Any]], requests: list[dict]) -> dict[str, Any]:
     """Median and spread over runs of one engine on one workload (runs: runner_io's per-workload dicts)."""
     useful = sum(r["max_new_tokens"] for r in requests)

@@ -34,13 +34,16 @@ import torch
 from roseinfer.model.loader import random_weights, save_hf_directory
 from roseinfer.tokenizer import embedded_bpe_files
 
-# llama.cpp's converter reads the context length from config.json's n_ctx,
-# which transformers 5 no longer writes (roseinfer's config does, see to_hf_dict).
 GGUF_NAME = "model-f32.gguf"
 
 
 def make_hf_weights(root: Path, preset: str = "gpt2", seed: int = 0, projection_scale: float = 1.0) -> Path:
-    """Seeded random weights of `preset` in HF layout, with GPT-2's tokenizer files; cached."""
+    """Seeded random weights of `preset` in HF layout, with GPT-2's tokenizer files; cached.
+
+    Written by roseinfer's own save_hf_directory, whose config.json keeps
+    `n_ctx`: llama.cpp's converter reads the context length from it, and
+    transformers 5's save_pretrained no longer writes it.
+    """
     directory = root / "hf"
     if (directory / "model.safetensors").is_file():
         return directory
