@@ -38,7 +38,7 @@ from roseinfer.bench.engine_compare import (
 )
 from roseinfer.bench.peer_models import ct2_model, gguf_model, make_hf_weights
 from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, run_engine
-from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.results import make_result, read_json, results_dir, write_json
 from roseinfer.config import PRESETS
 
 
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights-dir", type=Path, default=None, help="cache of the weights (default: under peers-dir)"
     )
     p.add_argument("--output-json", default=None)
+    p.add_argument("--plot-only", default=None, help="redraw the PNG of this result file, run nothing")
     return p
 
 
@@ -167,12 +168,22 @@ def plot(results: dict[str, Any], out: Path) -> None:
         )
         ax.tick_params(axis="x", rotation=60)
         if not per_token:
-            ax.axhline(block["roofline_tok_s"]["fp32_tok_s"], color="black", linestyle="--", linewidth=0.8)
+            ax.axhline(
+                block["roofline_tok_s"]["fp32_tok_s"],
+                color="black",
+                linestyle="--",
+                linewidth=0.8,
+                label="fp32 roofline floor",
+            )
+            ax.legend(loc="upper left", fontsize=8)
     plots.save(fig, out)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plot_only:
+        plot(read_json(args.plot_only)["metrics"], Path(args.plot_only).with_suffix(".png"))
+        return 0
     engines, skipped = [], {}
     for name in args.engines:
         why = ENGINES[name].missing(args.peers_dir)
