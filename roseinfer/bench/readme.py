@@ -103,7 +103,10 @@ def compare_engines_section(results: Path) -> str:
             f"{w} {_fmt(b['roofline_tok_s']['fp32_tok_s'])} fp32, {_fmt(b['roofline_tok_s']['bf16_tok_s'])} bf16"
             for w, b in m.items()
         )
-        parts.append(f"Roofline floor (output tok/s no engine can beat on this CPU): {floors}.")
+        parts.append(
+            f"Roofline ceiling in output tok/s, from the matmul and copy peaks measured in the same run "
+            f"(bf16 and int8 engines can pass the fp32 one): {floors}."
+        )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
     return "\n\n".join(parts) or "_no results yet: run the command above_"
 
