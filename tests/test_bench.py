@@ -200,3 +200,50 @@ def test_compare_hf_smoke(tmp_path):
     block = json.loads(out.read_text())["metrics"]["mixed"]
     assert block["hf_generate"]["same_greedy_tokens"] == 4, text
     assert out.with_suffix(".png").exists()
+
+
+def test_greedy_agreement_measures():
+    from roseinfer.bench.engine_compare import agreement, matching_prefix
+
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    drifted = [[1, 2, 3, 4], [5, 6, 0, 0]]  # the second request flips at its third token
+    assert agreement(drifted, reference) == 0.5
+    assert matching_prefix(drifted, reference) == (1 + 0.5) / 2
+    assert agreement(reference, reference) == matching_prefix(reference, reference) == 1.0
+
+
+def test_compare_engines_smoke(tmp_path):
+    """The peer harness end to end with the engines CI has (roseinfer, HF); a peer without its venv is skipped."""
+    out = tmp_path / "e.json"
+    text = _run(
+        "compare_engines.py",
+        "--preset",
+        "gpt2-tiny",
+        "--engines",
+        "roseinfer-fp32",
+        "hf",
+        "ct2-int8",
+        "--num-requests",
+        "3",
+        "--max-new-tokens",
+        "5",
+        "--repeat-runs",
+        "1",
+        "--peers-dir",
+        str(tmp_path / "no-peers"),
+        "--output-json",
+        str(out),
+    )
+    assert "skipping ct2-int8:" in text and "make peer-ct2" in text
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "compare_engines" and result["config"]["completed_rounds"] == 1
+    assert set(result["config"]["skipped"]) == {"ct2-int8"}
+    assert set(result["config"]["cpu_flags"]) >= {"avx512f", "avx512_bf16"}
+    for name, block in result["metrics"].items():
+        assert set(block["engines"]) == {"roseinfer-fp32", "hf"}, name
+        assert block["roofline_tok_s"]["fp32_tok_s"] > 0
+        for engine in block["engines"].values():
+            assert engine["exact_output_lengths"] and len(engine["runs_tok_s"]) == 1
+        assert block["engines"]["hf"]["same_tokens_as_reference"] == 1.0, (name, text)
+        assert block["engines"]["hf"]["matching_prefix_with_reference"] == 1.0, (name, text)
+    assert out.with_suffix(".png").exists()

@@ -65,6 +65,52 @@ def compare_hf_section(results: Path) -> str:
     )
 
 
+def _engine_row(m: dict, engine: str, versions: dict[str, str]) -> str:
+    """One engine: tok/s on fixed and mixed, ms/token at batch 1, greedy agreement, roofline share."""
+    cells = [engine, ", ".join(f"{k} {v}" for k, v in versions.items())]
+    for workload, key, runs_key in (
+        ("fixed", "output_throughput_tok_s", "runs_tok_s"),
+        ("mixed", "output_throughput_tok_s", "runs_tok_s"),
+        ("batch1", "ms_per_token", "runs_ms_per_token"),
+    ):
+        s = m.get(workload, {}).get("engines", {}).get(engine)
+        cells.append(f"{_fmt(s[key])} ({_fmt(min(s[runs_key]))}–{_fmt(max(s[runs_key]))})" if s else "—")
+    blocks = [b["engines"][engine] for b in m.values() if engine in b["engines"]]
+    cells.append(" / ".join(f"{s['same_tokens_as_reference']:.0%}" for s in blocks))
+    fixed = m.get("fixed", {}).get("engines", {}).get(engine)
+    cells.append(f"{fixed['fraction_of_fp32_roofline']:.0%}" if fixed else "—")
+    return "| " + " | ".join(cells) + " |"
+
+
+def compare_engines_section(results: Path) -> str:
+    parts = []
+    for path in sorted(results.glob("*/compare_engines.json")):
+        r = read_json(path)
+        m, c = r["metrics"], r["config"]
+        flags = ", ".join(f for f, present in c["cpu_flags"].items() if present)
+        parts.append(
+            f"{r['device_name']} [{flags}], {c['threads']} threads, {c['weights']}; median of "
+            f"{c['completed_rounds']} interleaved runs (min–max); {r['date'][:10]}, commit {r['git_commit']}."
+        )
+        engines = dict.fromkeys(e for block in m.values() for e in block["engines"])
+        rows = [_engine_row(m, e, c["engine_versions"].get(e, {})) for e in engines]
+        parts.append(
+            "| engine | versions | fixed tok/s | mixed tok/s | batch 1 ms/token | same greedy tokens as "
+            f"{c['reference_engine']} ({' / '.join(m)}) | fixed: share of the fp32 roofline |\n"
+            "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        )
+        floors = "; ".join(
+            f"{w} {_fmt(b['roofline_tok_s']['fp32_tok_s'])} fp32, {_fmt(b['roofline_tok_s']['bf16_tok_s'])} bf16"
+            for w, b in m.items()
+        )
+        parts.append(
+            f"Roofline ceiling in output tok/s, from the matmul and copy peaks measured in the same run "
+            f"(bf16 and int8 engines can pass the fp32 one): {floors}."
+        )
+        parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
+    return "\n\n".join(parts) or "_no results yet: run the command above_"
+
+
 def serving_section(results: Path) -> str:
     rows = []
     for path in sorted(results.glob("*/serving-sweep.json")):
@@ -132,9 +178,10 @@ def _headline(name: str, m: dict) -> str:
     if name == "nb08_paged_attention":
         big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
         return (
-            f"the gather copies {big['gather_mb']:.0f} MiB per layer at batch {big['batch']} × {big['context']} "
-            f"({big['torch_ms']:.1f} ms); the kernel copies nothing"
-            + ("" if m["gpu_reference"] else " (its GPU timing: not yet measured)")
+            f"one layer's decode attention at batch {big['batch']} × {big['context']}: "
+            f"{_median(big['before_ms']):.1f} → {_median(big['after_ms']):.1f} ms ({m['after']}; "
+            f"the gather copied {big['gather_mb']:.0f} MiB)"
+            + ("" if m["gpu_reference"] else "; the Triton kernel's GPU timing: not yet measured")
         )
     if name == "nb09_cuda_graphs":
         if m["rows"]:
@@ -178,7 +225,11 @@ NOTEBOOKS = [
     ),
     ("06_scheduler_accessors", "nb06_scheduler_accessors", "private scheduler state → public accessors"),
     ("07_batched_worker_lookups", "nb07_batched_worker_lookups", "a lock per token → a lock per step"),
-    ("08_paged_attention", "nb08_paged_attention", "gather + SDPA → a Triton kernel reading the block table"),
+    (
+        "08_paged_attention",
+        "nb08_paged_attention",
+        "gather + SDPA → a kernel reading the block table (C on CPU, Triton on GPU)",
+    ),
     ("09_cuda_graphs", "nb09_cuda_graphs", "eager decode → CUDA graph replay"),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
     (
@@ -202,6 +253,7 @@ def notebooks_section(results: Path) -> str:
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "batching": batching_section,
+    "compare_engines": compare_engines_section,
     "compare_hf": compare_hf_section,
     "notebooks": notebooks_section,
     "serving": serving_section,

@@ -1,0 +1,238 @@
+"""roseinfer next to the CPU engines a user would pick instead, same weights, same workloads.
+
+    make peers                               # once: a virtualenv per peer under .peers/
+    python benchmarks/compare_engines.py     # all engines, 3 interleaved runs, 2 threads
+
+Engines (--engines): roseinfer-fp32, roseinfer-auto (the dtype the engine
+picks for this CPU), hf (transformers `generate`), vllm-fp32, vllm-bf16
+(vLLM's CPU build), ct2-fp32, ct2-int8 (CTranslate2), llamacpp-f32
+(llama.cpp via llama-cpp-python). A peer whose virtualenv is missing is
+skipped with a line saying so.
+
+Weights: random GPT-2 124M in HF layout from a seed, converted once per peer
+format with the peer's own converter and cached (roseinfer.bench.peer_models).
+Workloads: fixed, mixed, batch1 (roseinfer.bench.engine_compare). Each engine
+runs in its own process from its own virtualenv (benchmarks/peers/run_*.py);
+the rounds are interleaved, so machine noise hits every engine alike.
+Reports output tokens/s and ms/token (median, min–max), the fraction of
+requests whose greedy tokens equal roseinfer fp32's, and the fraction of the
+roofline floor reached. Writes results/cpu/compare_engines.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from roseinfer.bench import plots
+from roseinfer.bench.engine_compare import (
+    WORKLOADS,
+    agreement,
+    build_workloads,
+    cpu_info,
+    matching_prefix,
+    roofline,
+    summarize_engine,
+)
+from roseinfer.bench.peer_models import ct2_model, gguf_model, make_hf_weights
+from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, run_engine
+from roseinfer.bench.results import make_result, read_json, results_dir, write_json
+from roseinfer.config import PRESETS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument(
+        "--preset", default="gpt2", choices=sorted(PRESETS), help="architecture of the random weights"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the workloads")
+    p.add_argument(
+        "--projection-scale",
+        type=float,
+        default=3.0,
+        help="scales the random projections so greedy decoding does not repeat one token (see peer_models)",
+    )
+    p.add_argument("--num-requests", type=int, default=32, help="requests in the fixed and mixed workloads")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap every output length (quick runs)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat-runs", type=int, default=3)
+    p.add_argument("--peers-dir", type=Path, default=PEERS_DIR, help="where `make peers` put the virtualenvs")
+    p.add_argument(
+        "--weights-dir", type=Path, default=None, help="cache of the weights (default: under peers-dir)"
+    )
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--plot-only", default=None, help="redraw the PNG of this result file, run nothing")
+    return p
+
+
+def model_paths(engines: list[Engine], args, weights: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each engine's converted model, converting what is missing; engines that cannot convert are skipped."""
+    hf_dir = make_hf_weights(weights, args.preset, args.seed, args.projection_scale)
+    paths, skipped = {}, {}
+    for engine in engines:
+        python = engine.python(args.peers_dir)
+        try:
+            if engine.model_format == "hf":
+                paths[engine.name] = hf_dir
+            elif engine.model_format.startswith("ct2-"):
+                paths[engine.name] = ct2_model(
+                    weights, hf_dir, python, engine.model_format.removeprefix("ct2-")
+                )
+            else:
+                script = args.peers_dir / engine.venv / "src" / "convert_hf_to_gguf.py"
+                paths[engine.name] = gguf_model(weights, hf_dir, python, script)
+        except RuntimeError as err:
+            skipped[engine.name] = str(err)
+    return paths, skipped
+
+
+def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, failed) -> None:
+    """Every engine once, in order; an engine that fails is reported and left out of later rounds."""
+    for engine in engines:
+        if engine.name in failed:
+            continue
+        print(f"[{tag}] {engine.name} ...", flush=True)
+        try:
+            out = run_engine(
+                engine, paths[engine.name], workloads, args.threads, work_dir, tag, args.peers_dir
+            )
+        except RuntimeError as err:
+            print(f"  FAILED: {err}", flush=True)
+            failed[engine.name] = str(err)
+            runs.pop(engine.name, None)
+            continue
+        versions[engine.name] = out["engine"]
+        runs.setdefault(engine.name, []).append(out["workloads"])
+
+
+def summarize(args, runs, workloads) -> dict[str, Any]:
+    results = {}
+    reference = runs.get(REFERENCE, next(iter(runs.values()), None))
+    for name, requests in workloads.items():
+        floors = roofline(PRESETS[args.preset], requests, args.threads)
+        block: dict[str, Any] = {
+            "num_requests": len(requests),
+            "useful_output_tokens": sum(r["max_new_tokens"] for r in requests),
+            "prompt_tokens": sum(len(r["prompt"]) for r in requests),
+            "roofline_tok_s": floors,
+            "engines": {},
+        }
+        for engine, engine_runs in runs.items():
+            s = summarize_engine([run[name] for run in engine_runs], requests)
+            tokens, expected = engine_runs[0][name]["token_ids"], reference[0][name]["token_ids"]
+            s["same_tokens_as_reference"] = agreement(tokens, expected)
+            s["matching_prefix_with_reference"] = matching_prefix(tokens, expected)
+            s["fraction_of_fp32_roofline"] = s["output_throughput_tok_s"] / floors["fp32_tok_s"]
+            block["engines"][engine] = s
+        results[name] = block
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    for name, block in results.items():
+        print(
+            f"\n[{name}] {block['num_requests']} requests, {block['useful_output_tokens']} output tokens; "
+            f"roofline floor {block['roofline_tok_s']['fp32_tok_s']:.0f} tok/s fp32, "
+            f"{block['roofline_tok_s']['bf16_tok_s']:.0f} bf16"
+        )
+        for engine, s in block["engines"].items():
+            runs = ", ".join(f"{x:.1f}" for x in s["runs_tok_s"])
+            print(
+                f"  {engine:<15} {s['output_throughput_tok_s']:8.1f} tok/s  {s['ms_per_token']:7.2f} ms/token  "
+                f"(runs {runs})  same tokens as {REFERENCE}: {s['same_tokens_as_reference']:.0%} of requests, "
+                f"{s['matching_prefix_with_reference']:.0%} before the first difference"
+                + ("" if s["exact_output_lengths"] else "  WRONG OUTPUT LENGTHS")
+            )
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    fig, axes = plots.figure(len(results), width=6.0)
+    for ax, (name, block) in zip(axes, results.items()):
+        engines = list(block["engines"])
+        per_token = name == "batch1"
+        key = "runs_ms_per_token" if per_token else "runs_tok_s"
+        colors = [
+            plots.COLORS["after"] if e.startswith("roseinfer") else plots.COLORS["before"] for e in engines
+        ]
+        plots.before_after_bars(
+            ax,
+            engines,
+            [block["engines"][e][key] for e in engines],
+            "ms per output token (lower is better)" if per_token else "output tokens/s",
+            f"{name}: {block['num_requests']} request(s)",
+            colors,
+        )
+        ax.tick_params(axis="x", rotation=60)
+        if not per_token:
+            ax.axhline(
+                block["roofline_tok_s"]["fp32_tok_s"],
+                color="black",
+                linestyle="--",
+                linewidth=0.8,
+                label="fp32 roofline floor",
+            )
+            ax.legend(loc="upper left", fontsize=8)
+    plots.save(fig, out)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.plot_only:
+        plot(read_json(args.plot_only)["metrics"], Path(args.plot_only).with_suffix(".png"))
+        return 0
+    engines, skipped = [], {}
+    for name in args.engines:
+        why = ENGINES[name].missing(args.peers_dir)
+        if why:
+            print(f"skipping {name}: {why}")
+            skipped[name] = why
+        else:
+            engines.append(ENGINES[name])
+    weights = (
+        args.weights_dir
+        or args.peers_dir / "weights" / f"{args.preset}-seed{args.seed}-x{args.projection_scale:g}"
+    )
+    paths, unconverted = model_paths(engines, args, weights)
+    for name, why in unconverted.items():
+        print(f"skipping {name}: {why}")
+    skipped |= unconverted
+    engines = [e for e in engines if e.name in paths]
+    all_workloads = build_workloads(args.num_requests, args.seed, args.max_new_tokens)
+    workloads = {k: v for k, v in all_workloads.items() if k in args.workload}
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "output_json"}
+    config |= cpu_info() | {
+        "weights": f"random {args.preset}, seed {args.seed}, projections x{args.projection_scale:g}, HF layout",
+        "reference_engine": REFERENCE,
+        "greedy": True,
+        "ignore_eos": True,
+    }
+    out = Path(args.output_json) if args.output_json else results_dir("cpu") / "compare_engines.json"
+    runs: dict[str, list[dict]] = {}
+    versions: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="roseinfer-peers-") as tmp:
+        for round_ in range(args.repeat_runs):  # interleaved: every engine once per round
+            tag = f"round{round_ + 1}of{args.repeat_runs}"
+            run_round(args, engines, paths, workloads, Path(tmp), tag, runs, versions, failed)
+            # Written after every round, so a long run that is cut short still leaves its data.
+            results = summarize(args, runs, workloads)
+            config |= {
+                "completed_rounds": round_ + 1,
+                "engine_versions": versions,
+                "skipped": skipped | failed,
+            }
+            write_json(out, make_result("compare_engines", "engines", config, results, "cpu"))
+            plot(results, out.with_suffix(".png"))
+    report(results)
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    for name, why in (skipped | failed).items():
+        print(f"skipped {name}: {why.splitlines()[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

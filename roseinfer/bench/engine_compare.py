@@ -1,0 +1,101 @@
+"""Workloads, summaries and roofline floors for benchmarks/compare_engines.py.
+
+Three workloads, greedy with EOS ignored so every engine emits exactly the
+same number of tokens:
+    fixed   32 prompts of 32 tokens, 32 new tokens each
+    mixed   32 prompts of 16-64 tokens, 8-128 new tokens each (seeded)
+    batch1  one 32-token prompt, 128 new tokens: per-token latency
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
+from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts
+from roseinfer.config import ModelConfig
+
+WORKLOADS = ("fixed", "mixed", "batch1")
+# The processor features that decide which fast paths an engine can take.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def build_workloads(num_requests: int, seed: int, max_new_tokens: int | None = None) -> dict[str, list[dict]]:
+    """The workloads as runner_io wants them; `max_new_tokens` caps every output (for quick runs)."""
+    sets: dict[str, list[BenchRequest]] = {
+        "fixed": random_prompts(num_requests, 32, 32, seed),
+        "mixed": mixed_output_lengths(num_requests, (16, 64), (8, 128), seed),
+        "batch1": random_prompts(1, 32, 128, seed + 1),
+    }
+    cap = max_new_tokens or 1 << 30
+    return {
+        name: [{"prompt": r.prompt_token_ids, "max_new_tokens": min(r.max_new_tokens, cap)} for r in reqs]
+        for name, reqs in sets.items()
+    }
+
+
+def cpu_info() -> dict[str, Any]:
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}}
+
+
+def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Fraction of requests whose greedy tokens are identical to the reference engine's."""
+    return sum(a == b for a, b in zip(tokens, reference)) / len(reference)
+
+
+def matching_prefix(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Mean share of each request's tokens that come before its first difference from the reference.
+
+    Greedy decoding amplifies rounding: once one argmax flips (bf16, int8, or
+    fp32 summed in another order) the rest of the request differs, so this
+    says how soon an engine drifts, where `agreement` only says whether.
+    """
+    shares = []
+    for a, b in zip(tokens, reference):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        shares.append(same / len(b))
+    return sum(shares) / len(shares)
+
+
+def summarize_engine(runs: list[dict[str, Any]], requests: list[dict]) -> dict[str, Any]:
+    """Median and spread over runs of one engine on one workload (runs: runner_io's per-workload dicts)."""
+    useful = sum(r["max_new_tokens"] for r in requests)
+    tok_s = [useful / run["seconds"] for run in runs]
+    ms_per_token = [1000 * run["seconds"] / useful for run in runs]
+    lengths_ok = all(
+        [len(t) for t in run["token_ids"]] == [r["max_new_tokens"] for r in requests] for run in runs
+    )
+    return {
+        "output_throughput_tok_s": statistics.median(tok_s),
+        "runs_tok_s": tok_s,
+        "ms_per_token": statistics.median(ms_per_token),
+        "runs_ms_per_token": ms_per_token,
+        "exact_output_lengths": lengths_ok,
+    }
+
+
+def roofline(config: ModelConfig, requests: list[dict], threads: int) -> dict[str, float]:
+    """Output tok/s no engine can beat on this CPU, in fp32 and in bf16 (measured peaks)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    prompt_lens = [len(r["prompt"]) for r in requests]
+    output_lens = [r["max_new_tokens"] for r in requests]
+    useful = sum(output_lens)
+    floors = {}
+    for name, dtype, elem_bytes in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
+        peaks = measure_peaks("cpu", dtype)
+        floor = continuous_batching_floor(config, prompt_lens, output_lens, len(requests), elem_bytes, peaks)
+        floors[f"{name}_tok_s"] = useful / floor["floor_s"]
+    return floors

@@ -1,0 +1,102 @@
+"""One set of weights for every engine in benchmarks/compare_engines.py.
+
+The harness makes random GPT-2 weights from a seed (no download, so any
+machine can reproduce the run), writes them in Hugging Face layout with the
+GPT-2 tokenizer files beside them (the peers' converters read the
+vocabulary from there), and converts that one directory into each peer's
+format with the peer's own converter, run by the peer's own virtualenv:
+
+    hf/            config.json, model.safetensors, vocab.json, merges.txt
+    ct2-float32/   ct2-transformers-converter --quantization float32
+    ct2-int8/      ct2-transformers-converter --quantization int8
+    gguf/model-f32.gguf   llama.cpp's convert_hf_to_gguf.py --outtype f32
+
+Everything is cached under a directory keyed by preset, seed and projection
+scale, so only the first run pays for it.
+
+Standard GPT-2 initialisation makes a random model repeat one token for ever,
+which would make the greedy-agreement check pass whatever an engine does.
+As in tests/conftest.py, the attention and MLP projections are scaled up
+(`projection_scale`), so greedy decoding wanders through the vocabulary and
+agreement means the engines computed the same thing. Throughput does not
+depend on which tokens come out: every request runs to its length.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from roseinfer.model.loader import random_weights, save_hf_directory
+from roseinfer.tokenizer import embedded_bpe_files
+
+GGUF_NAME = "model-f32.gguf"
+
+
+def make_hf_weights(root: Path, preset: str = "gpt2", seed: int = 0, projection_scale: float = 1.0) -> Path:
+    """Seeded random weights of `preset` in HF layout, with GPT-2's tokenizer files; cached.
+
+    Written by roseinfer's own save_hf_directory, whose config.json keeps
+    `n_ctx`: llama.cpp's converter reads the context length from it, and
+    transformers 5's save_pretrained no longer writes it.
+    """
+    directory = root / "hf"
+    if (directory / "model.safetensors").is_file():
+        return directory
+    weights = random_weights(preset, seed)
+    state = dict(weights.state_dict)
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if ".c_" in name and name.endswith("weight"):
+                state[name] = tensor * projection_scale
+    tmp = root / "hf.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_hf_directory(tmp, weights.config, state)
+    vocab_file, merges_file = embedded_bpe_files()
+    shutil.copyfile(vocab_file, tmp / "vocab.json")
+    shutil.copyfile(merges_file, tmp / "merges.txt")
+    (tmp / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": weights.config.n_positions})
+    )
+    tmp.rename(directory)  # atomic: a half-written directory is never taken as the cache
+    return directory
+
+
+def _converted(target: Path, command: list[str], log: Path) -> Path:
+    """Run a converter into a temporary path and rename it into place, so a failure leaves no cache."""
+    if target.exists():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.unlink(missing_ok=True)
+    command = [str(partial) if part == "{out}" else part for part in command]
+    with log.open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"conversion failed ({' '.join(command[:3])} ...): see {log}")
+    partial.rename(target)
+    return target
+
+
+def ct2_model(root: Path, hf_dir: Path, python: Path, quantization: str) -> Path:
+    """A CTranslate2 model directory converted with the peer's own converter (float32 or int8)."""
+    converter = python.parent / "ct2-transformers-converter"
+    return _converted(
+        root / f"ct2-{quantization}",
+        [str(converter), "--model", str(hf_dir), "--quantization", quantization, "--output_dir", "{out}"],
+        root / f"ct2-{quantization}.log",
+    )
+
+
+def gguf_model(root: Path, hf_dir: Path, python: Path, convert_script: Path) -> Path:
+    """llama.cpp's f32 GGUF of the same weights (f32: its q8_0 GPT-2 crashed where this was first run)."""
+    (root / "gguf").mkdir(parents=True, exist_ok=True)
+    return _converted(
+        root / "gguf" / GGUF_NAME,
+        [str(python), str(convert_script), str(hf_dir), "--outtype", "f32", "--outfile", "{out}"],
+        root / "gguf" / "convert.log",
+    )
