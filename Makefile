@@ -35,7 +35,7 @@ test: install
 # Re-execute every notebook in place (outputs and results/ refreshed).
 notebooks: install
 	for nb in notebooks/*.ipynb; do \
-		$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 "$$nb" || exit 1; \
+		ROSEINFER_CPU_DTYPE=float32 $(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1800 "$$nb" || exit 1; \
 	done
 	$(PY) benchmarks/update_readme.py
 
