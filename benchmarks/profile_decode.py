@@ -94,6 +94,9 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
         "tokens_per_s": batch / (step_ms / 1e3),
         "weight_mb": weight_bytes(engine) / 1e6,
         "time_split": split,
+        # Shares are of torch's operators; the fused C attention (ctypes) and Python are not among
+        # them: outside_torch_ops_ms is what the step spends there.
+        "outside_torch_ops_ms": max(0.0, step_ms - profiled_ms),
         "top_ops_ms_per_step": [{"op": k, "ms": v, "share": v / profiled_ms} for k, v in top_ops],
     }
 
@@ -113,7 +116,10 @@ def main(argv=None) -> int:
                 row = profile_one(args.model, batch, dtype, args.steps, args.top)
                 rows.append(row)
                 split = ", ".join(f"{k} {v:.0%}" for k, v in row["time_split"].items())
-                print(f"{dtype} batch {batch}: {row['step_ms_median']:.1f} ms/step ({split})")
+                print(
+                    f"{dtype} batch {batch}: {row['step_ms_median']:.1f} ms/step ({split}); "
+                    f"{row['outside_torch_ops_ms']:.1f} ms outside torch's operators (C attention, Python)"
+                )
                 for op in row["top_ops_ms_per_step"][:6]:
                     print(f"    {op['op']:<48} {op['ms']:7.2f} ms  {op['share']:.0%}")
     out = results_dir("cpu") / "profile_decode.json"
