@@ -22,24 +22,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer.bench.instrument import MethodTimer
 from roseinfer.bench.results import make_result, results_dir, write_json
-
-
-class Stopwatch:
-    """Accumulates the wall time of every call to `obj.name` (patched on the instance)."""
-
-    def __init__(self, obj, name: str) -> None:
-        self.total = 0.0
-        inner = getattr(obj, name)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - start
-
-        setattr(obj, name, timed)
 
 
 def weight_bytes(engine: InferenceEngine) -> int:
@@ -60,9 +44,9 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
     for _ in range(3):
         scheduler.step()  # warm-up decodes
     runner = engine.runner
-    forward = Stopwatch(runner.model, "forward")
-    head = Stopwatch(runner.model, "compute_logits")
-    sampler = Stopwatch(runner, "sampler")
+    forward = MethodTimer(runner.model, "forward")
+    head = MethodTimer(runner.model, "compute_logits")
+    sampler = MethodTimer(runner, "sampler")
     walls = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -71,9 +55,9 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
     step_ms = statistics.median(walls) * 1e3
     total = sum(walls)
     split = {
-        "model_forward": forward.total / total,
-        "lm_head": head.total / total,
-        "sampler": sampler.total / total,
+        "model_forward": forward.seconds / total,
+        "lm_head": head.seconds / total,
+        "sampler": sampler.seconds / total,
     }
     split["host"] = max(0.0, 1.0 - sum(split.values()))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
