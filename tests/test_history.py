@@ -7,7 +7,6 @@ import threading
 
 from roseinfer import SamplingParams
 from roseinfer.bench.batching import run_continuous, run_one_at_a_time, run_static
-from roseinfer.bench.notebook import verdict
 from roseinfer.bench.workloads import mixed_output_lengths
 from roseinfer.history.clear_outside_lock import ClearOutsideLockManager
 from roseinfer.history.no_kv_cache import RecomputeGenerator
@@ -71,8 +70,3 @@ def test_clearing_outside_the_lock_loses_the_wakeup_and_under_the_lock_does_not(
     assert _submit_in_window(engine, _UnderLockWithWindow, "before_wait") is True
 
 
-def test_verdict_says_when_runs_overlap():
-    assert "noise" in verdict("x", [10, 11, 12], [11, 12, 13], "tok/s", higher_is_better=True)
-    text = verdict("x", [10, 11, 12], [20, 21, 22], "tok/s", higher_is_better=True)
-    assert "better" in text and "1.91x" in text
-    assert "worse" in verdict("t", [1.0, 1.1], [2.0, 2.1], "ms", higher_is_better=False)

@@ -3,9 +3,9 @@
 - `show_source` prints the code of a before and an after side by side (one after the other);
 - `sizes` picks the CPU or the GPU parameters of a notebook (or the GPU ones at
   CI sizes: `ROSEINFER_NOTEBOOK_SIZES=tiny`, which CI runs under virtual CUDA);
-- `verdict` turns two lists of repeated measurements into a sentence that
-  says which is better, by how much, and whether that is outside the
-  run-to-run noise;
+- `verdict` (from `bench.stats`) compares two lists of repeated runs: a rank
+  test with a stated error rate for whether they differ, a bootstrap interval
+  for by how much; its `better`/`worse` are what a notebook asserts;
 - `reference` loads a GPU reference result committed under results/<gpu>/;
 - `save` writes a result JSON (and its figure) under results/<device>/.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from roseinfer.bench import plots
+from roseinfer.bench.stats import Verdict, median, verdict  # noqa: F401  (re-exported for the notebooks)
 from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
 
 GPU_TAGS = ("h100", "h200")
@@ -53,27 +54,6 @@ def sizes(cpu: dict[str, Any], gpu: dict[str, Any], tiny_gpu: dict[str, Any] | N
     if tiny():
         return dict(gpu, **(tiny_gpu or {}), device=device())
     return dict(gpu if device() == "cuda" else cpu, device=device())
-
-
-def median(values: list[float]) -> float:
-    data = sorted(values)
-    return data[(len(data) - 1) // 2]
-
-
-def verdict(name: str, before: list[float], after: list[float], unit: str, higher_is_better: bool) -> str:
-    """A sentence about after vs before that never claims more than the data shows."""
-    b, a = median(before), median(after)
-    better = a > b if higher_is_better else a < b
-    ratio = (a / b if higher_is_better else b / a) if min(a, b) > 0 else float("inf")
-    separated = min(after) > max(before) or max(after) < min(before)
-    where = (
-        f"{name}: before {b:.3g} {unit} (runs {min(before):.3g}-{max(before):.3g}), "
-        f"after {a:.3g} {unit} (runs {min(after):.3g}-{max(after):.3g})"
-    )
-    if not separated:
-        return f"{where}. The runs overlap: on this machine the difference is inside the run-to-run noise."
-    word = "better" if better else "worse"
-    return f"{where}. After is {ratio:.2f}x {word}, and every run agrees."
 
 
 def reference(name: str) -> tuple[str, dict[str, Any]] | None:
