@@ -141,9 +141,50 @@ def test_without_a_compiler_the_cpu_backend_falls_back(monkeypatch, tmp_path, ca
     try:
         backend = CpuPagedAttention()
         assert not backend.fused
-        assert "did not build" in caplog.text
+        assert "torch path" in caplog.text
         q, k, v, k_cache, v_cache, meta, seqs = build_case(CASES["decode"], 4)
         out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
         assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
     finally:
         cpu_attention.load_paged_decode_kernel.cache_clear()
+
+
+def test_a_compiler_without_openmp_still_builds_a_one_thread_kernel(monkeypatch, tmp_path, caplog):
+    cc = tmp_path / "cc-without-openmp"
+    cc.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec cc "$@"\n')
+    cc.chmod(0o755)
+    cpu_attention.load_paged_decode_kernel.cache_clear()
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("ROSEINFER_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cpu_attention, "SPLIT_ABOVE_ROW_TOKENS", 0)
+    try:
+        backend = CpuPagedAttention(num_threads=2)
+        assert backend.fused and "runs on one thread" in caplog.text
+        q, k, v, k_cache, v_cache, meta, seqs = build_case([(300, 1)] * 3, 16)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
+        assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
+    finally:
+        cpu_attention.load_paged_decode_kernel.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "seqs, heads, head_dim",
+    [
+        ([(700, 1)], 12, 64),  # batch 1 with enough work to split: the heads are shared out
+        ([(300, 1)] * 3, 5, 16),  # more sequences than threads, an odd head count
+        ([(40, 1), (90, 1)], 80, 64),  # 5120 elements a token: over one call's span, heads in groups
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fused_decode_is_exact_however_the_step_is_cut(seqs, heads, head_dim, threads, monkeypatch):
+    monkeypatch.setattr(cpu_attention, "SPLIT_ABOVE_ROW_TOKENS", 0)  # always split when threads > 1
+    q, k, v, k_cache, v_cache, meta, parts = build_case(seqs, 16, heads=heads, head_dim=head_dim)
+    out = CpuPagedAttention(num_threads=threads).forward(q, k, v, k_cache, v_cache, meta, 0.125)
+    assert (out.double() - contiguous_reference(*parts, 0.125)).abs().max() <= 1e-5
+
+
+def test_plan_pieces_covers_every_head_within_a_calls_span():
+    assert cpu_attention.plan_pieces(32, 12, 64, 2, 4096, 64) == (2, 12)  # by sequences
+    assert cpu_attention.plan_pieces(1, 12, 64, 2, 4096, 64) == (1, 6)  # batch 1: by heads
+    assert cpu_attention.plan_pieces(4, 80, 64, 2, 4096, 64) == (2, 64)  # 80 heads > one call's span
+    assert cpu_attention.plan_pieces(1, 1, 64, 4, 4096, 64) == (1, 1)

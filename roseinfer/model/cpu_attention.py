@@ -7,10 +7,15 @@ that copy (three passes over the context instead of one). Prefills and mixed
 steps keep the reference path, whose cost is dominated by the projections.
 
 The kernel is plain C, compiled at first use with the machine's C compiler
-(`cc -O3 -march=native`, about a second) into a cache keyed by the source,
-the flags, the compiler and the CPU, and loaded with ctypes. Where no compiler
-is found or the build fails, the backend says so once in the log and every
-step takes the reference path: slower, never wrong.
+(`cc -O3 -march=native -fopenmp`, about a second) into a cache keyed by the
+source, the flags, the compiler and the CPU, and loaded with ctypes. Its
+OpenMP loop runs on torch's own worker threads (the library resolves
+libgomp.so.1 to the copy torch has loaded), which are still spinning from the
+projection before it: a pool of our own would fight them for the cores. A
+step big enough to be worth it is cut by sequences, or at batch 1 by heads.
+Where no compiler is found or the build fails, the backend says so once in
+the log and every step takes the reference path: slower, never wrong; a
+compiler without OpenMP gives a one-thread kernel.
 """
 
 from __future__ import annotations
@@ -18,14 +23,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import itertools
 import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -35,9 +38,12 @@ from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention, wr
 logger = logging.getLogger("roseinfer.model")
 
 SOURCE = Path(__file__).with_name("cpu_kernels") / "paged_decode.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+# A compiler without OpenMP (clang without libomp) still vectorizes the loops; the step then runs
+# on one thread.
+SINGLE_THREAD_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
 KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
-SPLIT_ABOVE_ROW_TOKENS = 12 * 2048  # (rows x context) below which one thread does the whole step
+SPLIT_ABOVE_ROW_TOKENS = 4096  # (sequences x context x heads) below which one thread does the whole step
 
 
 def kernel_cache_dir() -> Path:
@@ -55,6 +61,25 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
+def _build(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
+    """The kernel library built with `flags`, from the cache when this exact build was made before."""
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_signature()]).encode())
+    path = kernel_cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            built = Path(tmp) / path.name
+            subprocess.run(
+                [compiler, *flags, "-o", str(built), str(SOURCE), "-lm"],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            os.replace(built, path)  # atomic: a concurrent builder finds a whole file or none
+    return path
+
+
 @functools.cache
 def load_paged_decode_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, building it if needed; None (and one log line) if it cannot be."""
@@ -64,32 +89,47 @@ def load_paged_decode_kernel() -> ctypes.CDLL | None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256(
-            "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature()]).encode()
-        ).hexdigest()[:16]
-        path = kernel_cache_dir() / f"paged_decode-{key}.so"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                built = Path(tmp) / path.name
-                subprocess.run(
-                    [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                os.replace(built, path)  # atomic: a concurrent builder finds a whole file or none
-        lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        logger.warning("roseinfer: the CPU decode attention kernel did not build (%s); torch path", detail)
+        logger.warning("roseinfer: the C compiler %s does not run (%s); torch path", compiler, exc)
         return None
+    errors = []
+    for flags in (FLAGS, SINGLE_THREAD_FLAGS):
+        try:
+            lib = ctypes.CDLL(str(_build(compiler, version, flags)))
+            break
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append(str(getattr(exc, "stderr", "") or exc).strip())
+    else:
+        logger.warning("roseinfer: the CPU decode attention kernel did not build (%s); torch path", errors)
+        return None
+    if flags is not FLAGS:
+        logger.warning("roseinfer: no OpenMP in %s; the CPU decode attention runs on one thread", compiler)
     for name in KERNELS.values():
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float]
+    for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size"):
+        getattr(lib, name).restype = ctypes.c_int
     return lib
+
+
+def kernel_limits(lib: ctypes.CDLL) -> tuple[int, int, int]:
+    """(elements, heads) one call may span, and the largest cache block it takes."""
+    return lib.paged_decode_max_span(), lib.paged_decode_max_span_heads(), lib.paged_decode_max_block_size()
+
+
+def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span: int,
+                max_span_heads: int) -> tuple[int, int]:
+    """(seq_parts, head_group): how the kernel cuts a step into pieces for `threads` threads.
+
+    By sequences when there are at least as many as threads; otherwise (batch 1) each sequence's
+    heads are shared out too. Heads always come in groups one call can span.
+    """
+    group = max(1, min(heads, max_span_heads, max_span // head_dim))
+    if num_seqs >= threads:
+        return threads, group
+    per_seq = -(-threads // num_seqs)  # threads a sequence gets
+    return num_seqs, min(group, -(-heads // per_seq))
 
 
 class CpuPagedAttention(TorchPagedAttention):
@@ -100,7 +140,9 @@ class CpuPagedAttention(TorchPagedAttention):
     def __init__(self, num_threads: int | None = None) -> None:
         self.kernel = load_paged_decode_kernel()
         self.num_threads = num_threads or torch.get_num_threads()
-        self._pool = ThreadPoolExecutor(self.num_threads - 1) if self.num_threads > 1 else None
+        self.max_span, self.max_span_heads, self.max_block_size = (
+            kernel_limits(self.kernel) if self.kernel is not None else (0, 0, 0)
+        )
 
     @property
     def fused(self) -> bool:
@@ -116,7 +158,13 @@ class CpuPagedAttention(TorchPagedAttention):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        fits = query.device.type == "cpu" and query.dtype in KERNELS and k_cache.is_contiguous()
+        fits = (
+            query.device.type == "cpu"
+            and query.dtype in KERNELS
+            and k_cache.is_contiguous()
+            and k_cache.shape[1] <= self.max_block_size
+            and query.shape[-1] <= self.max_span
+        )
         if self.kernel is None or not meta.is_decode_only or not fits:
             return super().forward(query, key, value, k_cache, v_cache, meta, scale)
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
@@ -134,26 +182,22 @@ class CpuPagedAttention(TorchPagedAttention):
         query = query.contiguous()
         out = torch.empty_like(query)
         num_seqs, heads, head_dim = query.shape
-        # The kernel reads int32 (the graph path's int64 tables never come here, but be exact).
-        tables = meta.block_tables.to(torch.int32).contiguous()
-        lens = meta.context_lens.to(torch.int32).contiguous()
+        # The kernel reads int32 tables; convert once a forward, not once a layer.
+        state = meta.backend_state
+        if "cpu_tables" not in state:
+            state["cpu_tables"] = meta.block_tables.to(torch.int32).contiguous()
+            state["cpu_lens"] = meta.context_lens.to(torch.int32).contiguous()
+        tables, lens = state["cpu_tables"], state["cpu_lens"]
         kernel = getattr(self.kernel, KERNELS[query.dtype])
         fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
         pointers = [t.data_ptr() for t in (query, k_cache, v_cache, tables, lens, out)]
 
-        def rows(begin: int, end: int) -> int:
-            return kernel(*pointers, begin, end, *fixed)
-
-        total = num_seqs * heads
-        # Handing rows to another thread costs tens of microseconds: worth it only for real work.
+        # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
+        # steps (a few short contexts) run on this thread alone.
         work = num_seqs * meta.max_context_len * heads
         threads = self.num_threads if work >= SPLIT_ABOVE_ROW_TOKENS else 1
-        bounds = [total * i // threads for i in range(threads + 1)]
-        chunks = [(b, e) for b, e in itertools.pairwise(bounds) if e > b]
-        pending = [self._pool.submit(rows, b, e) for b, e in chunks[1:]] if self._pool else []
-        status = [rows(*chunks[0])] + [f.result() for f in pending]
-        if any(status):
-            raise ValueError(
-                f"head_dim {head_dim} or block size {k_cache.shape[1]} is over the kernel's limit"
-            )
+        seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
+        status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
+        if status:
+            raise ValueError(f"head_dim {head_dim} or block size {k_cache.shape[1]} is over the kernel's limit")
         return out

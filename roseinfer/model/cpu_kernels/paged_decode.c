@@ -5,9 +5,19 @@
  * (a read and a write of all of it) and then runs SDPA over the copy (a second
  * read). This kernel reads each key and value once, straight from the cache
  * blocks, with an online softmax a block at a time, so a decode step moves a
- * third of the bytes. One call computes the (sequence, head) rows
- * [row_begin, row_end) of the num_seqs * num_heads rows, so the caller can
- * split a step across threads (ctypes releases the GIL).
+ * third of the bytes.
+ *
+ * The loops run over a *span of heads* of one cached token at a time: in the
+ * cache a token's heads sit side by side ([..., num_heads, head_dim]), so the
+ * span is one contiguous run of memory (768 elements for gpt2). The products
+ * q*k and the update acc += p*v are then long, branch-free loops the compiler
+ * vectorizes fully, and the per-head sums are independent of each other,
+ * instead of one 64-element dot product whose result the next one waits on.
+ * The exponentials of a whole block are taken in one vectorized loop too.
+ *
+ * One call computes sequences [seq_begin, seq_end) for heads [head_begin,
+ * head_end), so the caller can split a step across threads by sequences or,
+ * for a single sequence, by heads (ctypes releases the GIL).
  *
  * Layouts (C-contiguous): q, out [num_seqs, num_heads, head_dim];
  * k_cache, v_cache [num_blocks, block_size, num_heads, head_dim];
@@ -15,16 +25,17 @@
  * Elements are fp32 or bf16 (bf16 is widened to fp32; all arithmetic is fp32).
  *
  * Compiled at first use by roseinfer.model.cpu_attention with
- * cc -O3 -march=native -fopenmp-simd: the simd pragmas vectorize the dot
- * products and the weighted sums without an OpenMP runtime, which would
- * compete with torch's own threads.
+ * cc -O3 -march=native -fopenmp-simd: the simd pragmas vectorize the loops
+ * without an OpenMP runtime, which would compete with torch's own threads.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_HEAD_DIM 256
-#define MAX_BLOCK_SIZE 256
+/* Limits of one call (the caller checks them and splits the heads to fit). */
+#define MAX_SPAN 4096      /* heads x head_dim in one call */
+#define MAX_SPAN_HEADS 64  /* heads in one call */
+#define MAX_BLOCK_SIZE 256 /* tokens in a cache block */
 
 static inline float load(const void *p, int64_t i, int bf16) {
     if (!bf16) return ((const float *)p)[i];
@@ -45,67 +56,136 @@ static inline void store(void *p, int64_t i, float x, int bf16) {
     ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
 }
 
+/* exp(x) for x <= 0 (softmax arguments), vectorizable: 2^(x log2 e) split into
+ * an integer power of two (set in the exponent bits) and 2^f, f in [-0.5, 0.5],
+ * by a degree-6 polynomial; relative error about 2e-7, like expf's. Below -87
+ * the result is 0, which is what the softmax wants. */
+static inline __attribute__((always_inline)) float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float t = x * 1.44269504088896341f;
+    /* Round to nearest by the 1.5 * 2^23 trick: branch-free and vectorizable. */
+    const float n = (t + 12582912.0f) - 12582912.0f;
+    const float f = t - n;
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    int32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (int32_t)n << 23;
+    float y;
+    memcpy(&y, &bits, sizeof y);
+    return x <= -87.0f ? 0.0f : y;
+}
+
 /* `bf16` is a constant in each caller below, so the compiler builds one
  * specialised copy per element type with no branch left in the loops. */
 static inline __attribute__((always_inline)) int paged_decode(
     const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
-    const int32_t *context_lens, void *out, int64_t row_begin, int64_t row_end, int64_t num_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int bf16) {
-    if (head_dim > MAX_HEAD_DIM || block_size > MAX_BLOCK_SIZE) return 1;
-    const int64_t token_stride = num_heads * head_dim;
-    float qf[MAX_HEAD_DIM], acc[MAX_HEAD_DIM], scores[MAX_BLOCK_SIZE];
-    for (int64_t r = row_begin; r < row_end; ++r) {
-        const int64_t seq = r / num_heads, head = r % num_heads;
+    const int32_t *context_lens, void *out, int64_t seq_begin, int64_t seq_end, int64_t head_begin,
+    int64_t head_end, int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
+    float scale, int bf16) {
+    const int64_t heads = head_end - head_begin, span = heads * head_dim;
+    if (heads <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE) return 1;
+    const int64_t token_stride = num_heads * head_dim, first_elem = head_begin * head_dim;
+    float qf[MAX_SPAN], acc[MAX_SPAN], prod[MAX_SPAN];
+    float scores[MAX_BLOCK_SIZE * MAX_SPAN_HEADS]; /* [token][head] of the current block */
+    float running_max[MAX_SPAN_HEADS], denom[MAX_SPAN_HEADS], block_max[MAX_SPAN_HEADS];
+    for (int64_t seq = seq_begin; seq < seq_end; ++seq) {
         const int64_t context = context_lens[seq];
         const int32_t *table = block_tables + seq * max_blocks;
-        for (int64_t d = 0; d < head_dim; ++d) qf[d] = load(q, r * head_dim + d, bf16) * scale;
-        for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-        float running_max = -INFINITY, denom = 0.0f;
+        const int64_t q_at = seq * token_stride + first_elem;
+#pragma omp simd
+        for (int64_t i = 0; i < span; ++i) qf[i] = load(q, q_at + i, bf16) * scale;
+        memset(acc, 0, (size_t)span * sizeof *acc);
+        for (int64_t h = 0; h < heads; ++h) running_max[h] = -INFINITY, denom[h] = 0.0f;
         for (int64_t start = 0; start < context; start += block_size) {
             const int64_t n = context - start < block_size ? context - start : block_size;
-            const int64_t first = (int64_t)table[start / block_size] * block_size * token_stride
-                                  + head * head_dim;
-            float block_max = -INFINITY;
-            for (int64_t t = 0; t < n; ++t) {
-                const int64_t k = first + t * token_stride;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qf[d] * load(k_cache, k + d, bf16);
-                scores[t] = dot;
-                block_max = dot > block_max ? dot : block_max;
-            }
-            /* Online softmax: rescale what was summed under the old maximum. */
-            const float new_max = block_max > running_max ? block_max : running_max;
-            const float rescale = expf(running_max - new_max);
-            denom *= rescale;
-            for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale;
-            for (int64_t t = 0; t < n; ++t) {
-                const float p = expf(scores[t] - new_max);
-                const int64_t v = first + t * token_stride;
-                denom += p;
+            const int64_t block_at = (int64_t)table[start / block_size] * block_size * token_stride + first_elem;
+            for (int64_t h = 0; h < heads; ++h) block_max[h] = -INFINITY;
+            for (int64_t t = 0; t < n; ++t) { /* scores of every head for one token */
+                const int64_t k = block_at + t * token_stride;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * load(v_cache, v + d, bf16);
+                for (int64_t i = 0; i < span; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
+                for (int64_t h = 0; h < heads; ++h) {
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t d = 0; d < head_dim; ++d) dot += prod[h * head_dim + d];
+                    scores[t * heads + h] = dot;
+                    block_max[h] = dot > block_max[h] ? dot : block_max[h];
+                }
             }
-            running_max = new_max;
+            /* Online softmax: rescale what was summed under each head's old maximum. */
+            for (int64_t h = 0; h < heads; ++h) {
+                const float new_max = block_max[h] > running_max[h] ? block_max[h] : running_max[h];
+                const float rescale = running_max[h] == -INFINITY ? 0.0f : exp_neg(running_max[h] - new_max);
+                denom[h] *= rescale;
+                running_max[h] = new_max;
+                if (rescale != 1.0f) {
+#pragma omp simd
+                    for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] *= rescale;
+                }
+            }
+            for (int64_t t = 0; t < n; ++t) {
+#pragma omp simd
+                for (int64_t h = 0; h < heads; ++h) scores[t * heads + h] -= running_max[h];
+            }
+#pragma omp simd
+            for (int64_t i = 0; i < n * heads; ++i) scores[i] = exp_neg(scores[i]);
+            for (int64_t t = 0; t < n; ++t) { /* acc += p * v over the token's whole span */
+                const int64_t v = block_at + t * token_stride;
+                for (int64_t h = 0; h < heads; ++h) {
+                    const float p = scores[t * heads + h];
+                    denom[h] += p;
+#pragma omp simd
+                    for (int64_t d = 0; d < head_dim; ++d)
+                        acc[h * head_dim + d] += p * load(v_cache, v + h * head_dim + d, bf16);
+                }
+            }
         }
-        const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-        for (int64_t d = 0; d < head_dim; ++d) store(out, r * head_dim + d, acc[d] * inv, bf16);
+        for (int64_t h = 0; h < heads; ++h) {
+            const float inv = denom[h] > 0.0f ? 1.0f / denom[h] : 0.0f;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d)
+                store(out, q_at + h * head_dim + d, acc[h * head_dim + d] * inv, bf16);
+        }
     }
     return 0;
 }
 
-int paged_decode_f32(const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
-                     const int32_t *context_lens, void *out, int64_t row_begin, int64_t row_end,
-                     int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
-                     float scale) {
-    return paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, row_begin, row_end,
-                        num_heads, head_dim, block_size, max_blocks, scale, 0);
-}
+/* The whole step, its pieces spread over `threads` OpenMP threads. Built with
+ * -fopenmp, this library needs libgomp.so.1, and the dynamic loader hands it
+ * the libgomp torch has already loaded: the pieces run on torch's own worker
+ * threads, which are still spinning from the projection just before, instead
+ * of a second pool of threads competing with them for the same two cores.
+ * Pieces: sequences split in `seq_parts`, heads in groups of `head_group`. */
+#define PAGED_DECODE(name, is_bf16)                                                                       \
+    int name(const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,        \
+             const int32_t *context_lens, void *out, int64_t num_seqs, int64_t seq_parts,                \
+             int64_t head_group, int64_t threads, int64_t num_heads, int64_t head_dim,                   \
+             int64_t block_size, int64_t max_blocks, float scale) {                                      \
+        const int64_t head_parts = (num_heads + head_group - 1) / head_group;                            \
+        const int64_t pieces = seq_parts * head_parts;                                                    \
+        int failed = 0;                                                                                   \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) reduction(| : failed) if(threads > 1)") \
+        for (int64_t i = 0; i < pieces; ++i) {                                                            \
+            const int64_t sp = i / head_parts, hp = i % head_parts;                                       \
+            const int64_t h0 = hp * head_group;                                                           \
+            const int64_t h1 = h0 + head_group < num_heads ? h0 + head_group : num_heads;                 \
+            failed |= paged_decode(q, k_cache, v_cache, block_tables, context_lens, out,                  \
+                                   num_seqs * sp / seq_parts, num_seqs * (sp + 1) / seq_parts, h0, h1,    \
+                                   num_heads, head_dim, block_size, max_blocks, scale, is_bf16);          \
+        }                                                                                                 \
+        return failed;                                                                                    \
+    }
 
-int paged_decode_bf16(const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
-                      const int32_t *context_lens, void *out, int64_t row_begin, int64_t row_end,
-                      int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
-                      float scale) {
-    return paged_decode(q, k_cache, v_cache, block_tables, context_lens, out, row_begin, row_end,
-                        num_heads, head_dim, block_size, max_blocks, scale, 1);
-}
+PAGED_DECODE(paged_decode_f32, 0)
+PAGED_DECODE(paged_decode_bf16, 1)
+
+/* The limits above, for the caller. */
+int paged_decode_max_span(void) { return MAX_SPAN; }
+int paged_decode_max_span_heads(void) { return MAX_SPAN_HEADS; }
+int paged_decode_max_block_size(void) { return MAX_BLOCK_SIZE; }
