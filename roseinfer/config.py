@@ -157,6 +157,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     attention_backend: str | None = None  # None: "triton" on CUDA, "torch" elsewhere
     cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
+    compile_decode: bool = False  # CPU: decode steps through torch.compile (compiled at first use; see 09)
     nvtx: bool = False  # NVTX ranges around each step's phases, for Nsight (CUDA only)
     packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
     checkpoint_path: str | None = None  # a roseinfer checkpoint file

@@ -64,6 +64,13 @@ class InferenceEngine:
         self.attention_backend = backend
         if use_graphs:
             self.runner.enable_decode_graphs(config.max_batch_size)
+        if config.compile_decode:
+            if backend != "cpu" or not model.attention.fused:
+                raise ValueError(
+                    "compile_decode needs the 'cpu' attention backend with its compiled kernel "
+                    "(the torch backend sizes its gather from the data)"
+                )
+            self.runner.enable_compiled_decode()
         logger.info(
             "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens | %s attention%s",
             weights.description,
@@ -152,6 +159,7 @@ class InferenceEngine:
             # kernel may be missing: no compiler), rather than gathering them first.
             "paged_attention_kernel": getattr(attention, "fused", attention.name == "triton"),
             "cuda_graph": self.runner.graphs is not None,
+            "compile_decode": self.runner.compiled is not None,
             "nvtx": self.runner.nvtx,
             "prefill_max_batch_size": self.config.prefill_max_batch_size,
         }

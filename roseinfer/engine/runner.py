@@ -60,6 +60,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.graphs = None  # DecodeGraphs, when enabled
+        self.compiled = None  # CompiledDecode, when enabled
 
     def enable_decode_graphs(self, max_batch_size: int, capture: bool | None = None) -> None:
         """Run decode-only steps of up to max_batch_size requests through CUDA graphs.
@@ -79,6 +80,14 @@ class ModelRunner:
             capture = can_capture(self.device)
         max_blocks = blocks_for(self.config.n_positions, self.block_size)
         self.graphs = DecodeGraphs(self.model, self.kv_cache, max_batch_size, max_blocks, capture=capture)
+
+    def enable_compiled_decode(self) -> None:
+        """Run decode-only steps through a torch.compile'd step (CPU; compiled at first use)."""
+        from roseinfer.engine.compiled_decode import CompiledDecode
+
+        if self.graphs is not None:
+            raise ValueError("a compiled decode step and CUDA graphs are alternatives: enable one")
+        self.compiled = CompiledDecode(self.model, self.kv_cache)
 
     def prepare(
         self, batch: Sequence[BatchEntry]
@@ -140,6 +149,9 @@ class ModelRunner:
             and all(len(e.token_ids) == 1 and e.sample for e in batch)
         )
 
+    def _compilable(self, batch: Sequence[BatchEntry]) -> bool:
+        return self.compiled is not None and all(len(e.token_ids) == 1 and e.sample for e in batch)
+
     def _range(self, name: str) -> AbstractContextManager:
         return torch.cuda.nvtx.range(f"roseinfer.{name}") if self.nvtx else nullcontext()
 
@@ -164,6 +176,9 @@ class ModelRunner:
             return self._execute_graph(batch)
         with self._range("prepare"):
             input_ids, positions, meta, sample_rows = self.prepare(batch)
+        if self._compilable(batch):
+            logits = self.compiled.run(input_ids, positions, meta)
+            return self.sampler(logits, [e.params for e in batch], [e.generator for e in batch]).tolist()
         with self._range("forward"):
             hidden = self.model(input_ids, positions, self.kv_cache, meta)
         sampling = [e for e in batch if e.sample]

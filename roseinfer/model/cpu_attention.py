@@ -167,6 +167,10 @@ class CpuPagedAttention(TorchPagedAttention):
         )
         if self.kernel is None or not meta.is_decode_only or not fits:
             return super().forward(query, key, value, k_cache, v_cache, meta, scale)
+        if torch.compiler.is_compiling():  # one opaque operator for torch.compile: see cpu_decode_attention
+            return torch.ops.roseinfer.cpu_decode_attention(
+                query, key, value, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, scale
+            )
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         return self.decode(query, k_cache, v_cache, meta, scale)
 
@@ -201,3 +205,39 @@ class CpuPagedAttention(TorchPagedAttention):
         if status:
             raise ValueError(f"head_dim {head_dim} or block size {k_cache.shape[1]} is over the kernel's limit")
         return out
+
+
+@torch.library.custom_op("roseinfer::cpu_decode_attention", mutates_args=("k_cache", "v_cache"))
+def cpu_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A decode step's KV write and fused attention as one operator, for torch.compile.
+
+    Declaring the two caches as mutated in place lets inductor hand them to
+    the kernel as they are. Traced as plain `index_copy_` on a view of the
+    cache, the write is functionalized into a copy of the layer's whole cache
+    every step; and ctypes calls cannot be traced at all.
+    """
+    write_kv(key, value, k_cache, v_cache, slot_mapping)
+    meta = AttentionMetadata(
+        slot_mapping, block_tables, context_lens, context_lens, 1, int(context_lens.max())
+    )  # query_start_loc is unused by a decode-only step
+    return _compiled_backend().decode(query, k_cache, v_cache, meta, scale)
+
+
+@cpu_decode_attention.register_fake
+def _(query, key, value, k_cache, v_cache, slot_mapping, block_tables, context_lens, scale):
+    return query.new_empty(query.shape)  # contiguous, as decode() returns it
+
+
+@functools.cache
+def _compiled_backend() -> CpuPagedAttention:
+    return CpuPagedAttention()

@@ -57,9 +57,13 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]), self._weight, self._bias, self._attr, [], self._algorithm
-        )
+        rows = x.reshape(-1, shape[-1])
+        if torch.compiler.is_compiling():  # opaque to torch.compile: see packed_linear_op
+            y = torch.ops.roseinfer.packed_linear(
+                rows, self._weight, self._bias, self._attr, self._algorithm, self.out_features
+            )
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(rows, self._weight, self._bias, self._attr, [], self._algorithm)
         return y.view(*shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
@@ -83,6 +87,26 @@ class PackedLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, "
             f"activation={self.activation}, oneDNN {str(self._weight.dtype).removeprefix('torch.')}"
         )
+
+
+@torch.library.custom_op("roseinfer::packed_linear", mutates_args=())
+def packed_linear_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attr: str, algorithm: str, out_features: int
+) -> torch.Tensor:
+    """A packed projection as one opaque operator, for torch.compile (engine/compiled_decode.py).
+
+    Inductor's own lowering of `_linear_pointwise` only takes weights it packed
+    itself (frozen constants); through this operator it calls the kernel on our
+    packed weight as is and fuses the layer norms, residual adds and embeddings
+    around it. Eager calls skip it: a custom operator's dispatch costs
+    microseconds that the eager path would pay on every projection.
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+
+
+@packed_linear_op.register_fake
+def _(x, weight, bias, attr, algorithm, out_features):
+    return x.new_empty(x.shape[0], out_features)
 
 
 def pack_linears(module: nn.Module) -> int:

@@ -1,0 +1,73 @@
+"""The CPU's counterpart of CUDA graphs: a decode step compiled with torch.compile.
+
+Eagerly, a gpt2 decode step is a few hundred operator calls from Python, each
+with its own dispatch and its own pass over small activations: layer norms,
+residual adds, the embedding sum. On a GPU, CUDA graphs remove the launches;
+on a CPU, inductor's C++ backend compiles the step into a few fused loops
+around the projections and the attention, which stay the kernels they are
+eagerly (`roseinfer::packed_linear`, `roseinfer::cpu_decode_attention`: opaque
+operators, so the packed weights and the KV cache are used in place).
+
+Shapes: the batch size and the block-table width vary from step to step and
+are marked dynamic, so one compilation serves every batch (a CPU pays for
+padding rows in real FLOPs, so there are no buckets as for CUDA graphs; batch
+1 gets its own compilation, as torch specialises sizes 0 and 1). The KV cache
+keeps its static shape. Compiling takes seconds to tens of seconds on first
+use, which is why the engine compiles only when asked (`compile_decode=True`).
+
+Steps with prompt tokens run eagerly, as with CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from roseinfer.model.attention import AttentionMetadata
+from roseinfer.model.gpt2 import GPT2
+
+
+class CompiledDecode:
+    def __init__(self, model: GPT2, kv_cache: torch.Tensor) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self._step = torch.compile(self._forward, dynamic=False, fullgraph=True)
+        self.compile_seconds = 0.0  # wall time of the calls that compiled (first of each shape class)
+        self._compiled_for: set[bool] = set()  # batch == 1, batch > 1: torch compiles each once
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping,
+            block_tables=block_tables,
+            context_lens=context_lens,
+            query_start_loc=context_lens,  # unused by a decode-only step
+            max_query_len=1,
+            max_context_len=0,  # unused: the kernel reads context_lens
+        )
+        return self.model.compute_logits(self.model(input_ids, positions, kv_cache, meta))
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Logits [batch, vocab] of one decode step (one new token a sequence)."""
+        tables = meta.block_tables
+        if tables.shape[1] == 1:  # a width of 1 would be one more specialisation, so one more compile
+            tables = torch.nn.functional.pad(tables, (0, 1))
+        args = (input_ids, positions, self.kv_cache, meta.slot_mapping, tables, meta.context_lens)
+        for t in (input_ids, positions, meta.slot_mapping, meta.context_lens, tables):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        torch._dynamo.maybe_mark_dynamic(tables, 1)
+        first = (input_ids.shape[0] == 1) not in self._compiled_for
+        start = time.perf_counter()
+        logits = self._step(*args)
+        if first:
+            self._compiled_for.add(input_ids.shape[0] == 1)
+            self.compile_seconds += time.perf_counter() - start
+        return logits
