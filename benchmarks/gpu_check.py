@@ -23,12 +23,11 @@ import torch
 
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench import plots
+from roseinfer.bench.decode_step import time_decode_step
 from roseinfer.bench.results import make_result, results_dir, results_root, write_json
 from roseinfer.bench.roofline import decode_step_cost, measure_peaks
 from roseinfer.engine.block_manager import blocks_for
-from roseinfer.engine.runner import BatchEntry
 
-GREEDY = SamplingParams(max_new_tokens=1)
 
 
 def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_prompt_len: int = 60) -> dict:
@@ -65,30 +64,6 @@ def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_p
         del graphs, eager
         torch.cuda.empty_cache()
     return out
-
-
-def time_decode_step(engine, batch: int, context: int, repeats: int) -> float:
-    """Median ms of one real decode step (model + sampling + host sync) at batch x context."""
-    blocks = engine.block_manager
-    rng = random.Random(batch * 7919 + context)
-    tables = [blocks.allocate(blocks_for(context + 1, blocks.block_size)) for _ in range(batch)]
-    try:
-        for table in tables:  # fill the cache (untimed), a row at a time
-            ids = [rng.randrange(50000) for _ in range(context)]
-            engine.runner.execute([BatchEntry(ids, 0, table, False, GREEDY, None)])
-        step = [BatchEntry([rng.randrange(50000)], context, t, True, GREEDY, None) for t in tables]
-        for _ in range(3):
-            engine.runner.execute(step)
-        times = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            engine.runner.execute(step)  # ends in the sampled tokens' host sync
-            times.append((time.perf_counter() - start) * 1000)
-        return statistics.median(times)
-    finally:
-        for table in tables:
-            blocks.free(table)
 
 
 def step_timings(model: str, batches: list[int], contexts: list[int], repeats: int, small: bool) -> dict:

@@ -87,6 +87,13 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
         help="capture decode steps in CUDA graphs (default: on with CUDA and triton)",
     )
     g.add_argument(
+        "--compile-decode",
+        action="store_true",
+        default=None,
+        help="CPU: run decode steps through torch.compile (the CPU's counterpart of CUDA graphs; "
+        "compiled at first use, notebook 09)",
+    )
+    g.add_argument(
         "--nvtx", action="store_true", help="NVTX ranges around each step's phases (CUDA; off on CPU)"
     )
 
@@ -127,7 +134,7 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     }
     if hasattr(args, "no_prefix_cache"):
         options["enable_prefix_cache"] = not args.no_prefix_cache
-    for name in ("attention_backend", "cuda_graph", "nvtx"):
+    for name in ("attention_backend", "cuda_graph", "compile_decode", "nvtx"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     if getattr(args, "paged_attn", False):

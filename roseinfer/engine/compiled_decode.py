@@ -13,7 +13,8 @@ are marked dynamic, so one compilation serves every batch (a CPU pays for
 padding rows in real FLOPs, so there are no buckets as for CUDA graphs; batch
 1 gets its own compilation, as torch specialises sizes 0 and 1). The KV cache
 keeps its static shape. Compiling takes seconds to tens of seconds on first
-use, which is why the engine compiles only when asked (`compile_decode=True`).
+use, which is why the engine compiles only when asked (`compile_decode=True`),
+and then at start-up (`warm_up`), before it reports ready.
 
 Steps with prompt tokens run eagerly, as with CUDA graphs.
 """
@@ -21,6 +22,7 @@ Steps with prompt tokens run eagerly, as with CUDA graphs.
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 
@@ -32,7 +34,7 @@ class CompiledDecode:
     def __init__(self, model: GPT2, kv_cache: torch.Tensor) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        self._step = torch.compile(self._forward, dynamic=False, fullgraph=True)
+        self._step = torch.compile(_own_copy(self._forward), dynamic=False, fullgraph=True)
         self.compile_seconds = 0.0  # wall time of the calls that compiled (first of each shape class)
         self._compiled_for: set[bool] = set()  # batch == 1, batch > 1: torch compiles each once
 
@@ -55,6 +57,27 @@ class CompiledDecode:
         )
         return self.model.compute_logits(self.model(input_ids, positions, kv_cache, meta))
 
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Compile both shape classes now (batch 1, batch > 1) rather than in a user's first steps.
+
+        The dummy steps write their K/V into the first slots of block 0, so call this before any
+        request holds blocks (the engine does, at start-up). Returns the seconds it took.
+        """
+        start = time.perf_counter()
+        for batch in (1, 2):
+            zeros = torch.zeros(batch, dtype=torch.int64, device=self.kv_cache.device)
+            meta = AttentionMetadata(
+                slot_mapping=torch.arange(batch, device=zeros.device),
+                block_tables=torch.zeros(batch, 2, dtype=torch.int32, device=zeros.device),
+                context_lens=torch.ones(batch, dtype=torch.int32, device=zeros.device),
+                query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=zeros.device),
+                max_query_len=1,
+                max_context_len=1,
+            )
+            self.run(zeros, zeros, meta)
+        return time.perf_counter() - start
+
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Logits [batch, vocab] of one decode step (one new token a sequence)."""
         tables = meta.block_tables
@@ -71,3 +94,16 @@ class CompiledDecode:
             self._compiled_for.add(input_ids.shape[0] == 1)
             self.compile_seconds += time.perf_counter() - start
         return logits
+
+
+def _own_copy(method: types.MethodType) -> types.MethodType:
+    """The method over a private copy of its code object.
+
+    Dynamo keeps compiled code per code object, guarded on the objects it read: every engine
+    compiling the one `_forward` would pile its entries (and references to its weights) onto one
+    list, which a process with several engines (tests, notebooks) soon fills to the recompile
+    limit. A copy per engine keeps each engine's compilations with it, freed when it is.
+    """
+    fn = method.__func__
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.MethodType(copy, method.__self__)

@@ -71,6 +71,8 @@ class InferenceEngine:
                     "(the torch backend sizes its gather from the data)"
                 )
             self.runner.enable_compiled_decode()
+            seconds = self.runner.compiled.warm_up()
+            logger.info("roseinfer: decode step compiled in %.1f s (batch 1 and batch > 1)", seconds)
         logger.info(
             "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens | %s attention%s",
             weights.description,
