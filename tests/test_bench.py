@@ -247,3 +247,14 @@ def test_compare_engines_smoke(tmp_path):
         assert block["engines"]["hf"]["same_tokens_as_reference"] == 1.0, (name, text)
         assert block["engines"]["hf"]["matching_prefix_with_reference"] == 1.0, (name, text)
     assert out.with_suffix(".png").exists()
+
+
+def test_source_diff_shows_only_the_changed_lines():
+    from roseinfer.bench.diff import source_diff
+    from roseinfer.history.lock_per_token import LockPerTokenManager
+    from roseinfer.server.manager import SchedulerManager
+
+    diff = source_diff(LockPerTokenManager._collect_step_records, SchedulerManager._collect_step_records)
+    assert diff.startswith("--- roseinfer.history.lock_per_token.LockPerTokenManager._collect_step_records")
+    assert "+    with self._lock:" in diff and "-        with self._lock:" in diff
+    assert source_diff(SchedulerManager._idle, SchedulerManager._idle) == ""

@@ -174,8 +174,10 @@ def _headline(name: str, m: dict) -> str:
         )
     if name == "nb07_batched_worker_lookups":
         return (
-            f"batch {m['batch_sizes'][-1]}: {m['before_locks_per_step'][-1]:.0f} → "
-            f"{m['after_locks_per_step'][-1]:.0f} lock acquisitions per step"
+            f"batch {m['batch']}: {m['batch']} → 1 lock acquisitions per step; the worker's lookup "
+            f"{m['before_lookup_us']:.0f} → {m['after_lookup_us']:.0f} µs of a {m['after_tpot_ms']:.1f} ms step; "
+            f"TPOT p50 {m['before_tpot_ms']:.2f} → {m['after_tpot_ms']:.2f} ms"
+            f"{_noise(m['before_tpot_runs_ms'], m['after_tpot_runs_ms'])}"
         )
     if name == "nb08_paged_attention":
         big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
