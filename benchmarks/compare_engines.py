@@ -109,7 +109,15 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
         runs.setdefault(engine.name, []).append(out["workloads"])
 
 
-def summarize(args, runs, workloads) -> dict[str, Any]:
+def roofline_dtype(engine: str, versions: dict[str, dict]) -> str | None:
+    """Whose ceiling an engine is measured against: fp32 or bf16 (None: int8, no measured ceiling)."""
+    precision = ENGINES[engine].precision
+    if precision == "auto":
+        precision = {"float32": "fp32", "bfloat16": "bf16"}.get(versions.get(engine, {}).get("dtype"), "")
+    return precision if precision in ("fp32", "bf16") else None
+
+
+def summarize(args, runs, workloads, versions: dict[str, dict] | None = None) -> dict[str, Any]:
     results = {}
     reference = runs.get(REFERENCE, next(iter(runs.values()), None))
     for name, requests in workloads.items():
@@ -127,6 +135,9 @@ def summarize(args, runs, workloads) -> dict[str, Any]:
             s["same_tokens_as_reference"] = agreement(tokens, expected)
             s["matching_prefix_with_reference"] = matching_prefix(tokens, expected)
             s["fraction_of_fp32_roofline"] = s["output_throughput_tok_s"] / floors["fp32_tok_s"]
+            own = roofline_dtype(engine, versions or {})
+            s["roofline_dtype"] = own
+            s["fraction_of_own_roofline"] = s["output_throughput_tok_s"] / floors[f"{own}_tok_s"] if own else None
             block["engines"][engine] = s
         results[name] = block
     return results
@@ -219,7 +230,7 @@ def main(argv=None) -> int:
             tag = f"round{round_ + 1}of{args.repeat_runs}"
             run_round(args, engines, paths, workloads, Path(tmp), tag, runs, versions, failed)
             # Written after every round, so a long run that is cut short still leaves its data.
-            results = summarize(args, runs, workloads)
+            results = summarize(args, runs, workloads, versions)
             config |= {
                 "completed_rounds": round_ + 1,
                 "engine_versions": versions,

@@ -29,7 +29,6 @@ from roseinfer.bench.roofline import decode_step_cost, measure_peaks
 from roseinfer.engine.block_manager import blocks_for
 
 
-
 def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_prompt_len: int = 60) -> dict:
     rng = random.Random(0)
     prompts = [

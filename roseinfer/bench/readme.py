@@ -77,8 +77,9 @@ def _engine_row(m: dict, engine: str, versions: dict[str, str]) -> str:
         cells.append(f"{_fmt(s[key])} ({_fmt(min(s[runs_key]))}–{_fmt(max(s[runs_key]))})" if s else "—")
     blocks = [b["engines"][engine] for b in m.values() if engine in b["engines"]]
     cells.append(" / ".join(f"{s['same_tokens_as_reference']:.0%}" for s in blocks))
-    fixed = m.get("fixed", {}).get("engines", {}).get(engine)
-    cells.append(f"{fixed['fraction_of_fp32_roofline']:.0%}" if fixed else "—")
+    shares = [b.get("fraction_of_own_roofline") for b in blocks]
+    own = next((b.get("roofline_dtype") for b in blocks if b.get("roofline_dtype")), None)
+    cells.append(f"{' / '.join(f'{x:.0%}' for x in shares)} of {own}" if own and None not in shares else "—")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -96,7 +97,7 @@ def compare_engines_section(results: Path) -> str:
         rows = [_engine_row(m, e, c["engine_versions"].get(e, {})) for e in engines]
         parts.append(
             "| engine | versions | fixed tok/s | mixed tok/s | batch 1 ms/token | same greedy tokens as "
-            f"{c['reference_engine']} ({' / '.join(m)}) | fixed: share of the fp32 roofline |\n"
+            f"{c['reference_engine']} ({' / '.join(m)}) | share of its dtype's roofline ({' / '.join(m)}) |\n"
             "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         )
         floors = "; ".join(
@@ -104,10 +105,10 @@ def compare_engines_section(results: Path) -> str:
             for w, b in m.items()
         )
         parts.append(
-            f"Roofline ceiling in output tok/s, from the matmul and copy peaks measured in the same run "
-            f"(bf16 and int8 engines can pass the fp32 one): {floors}. Those peaks come from a plain "
-            f"matmul and a plain copy; where an fp32 engine passes 100%, oneDNN's packed kernels beat "
-            f"them, so the ceiling is too low, not the hardware beaten: read the column as a ranking."
+            f"Roofline ceiling in output tok/s, the workload run by an ideal engine at the matmul and "
+            f"memory-read peaks measured in the same run (`bench/roofline.py`: the best of `torch.mm` and "
+            f"oneDNN's packed projection; a read-only stream over 1 GiB): {floors}. Each engine is "
+            f"measured against the ceiling of its own dtype; int8 has none measured."
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
     return "\n\n".join(parts) or "_no results yet: run the command above_"
