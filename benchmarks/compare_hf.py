@@ -25,6 +25,7 @@ import torch
 from roseinfer.bench import plots
 from roseinfer.bench.hf_peer import hf_model_for, run_hf_generate, run_hf_generate_batch, run_roseinfer
 from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.roofline import workload_ceiling_tok_s
 from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts
 from roseinfer.cli import add_model_args, engine_from_args
 
@@ -75,9 +76,18 @@ def main(argv=None) -> int:
                 tokens[system] = runners[system](requests)
                 runs[system].append(useful / (time.perf_counter() - start))
         reference = tokens[args.systems[0]]
+        # The same workload run by an ideal engine at this device's measured peaks, in roseinfer's dtype.
+        ceiling = workload_ceiling_tok_s(
+            engine.model_config,
+            [len(r.prompt_token_ids) for r in requests],
+            [r.max_new_tokens for r in requests],
+            engine.dtype,
+            str(engine.device),
+        )
         block = {
             "useful_output_tokens": useful,
             "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "roofline_tok_s": ceiling,
         }
         for system in args.systems:
             block[system] = {
@@ -85,6 +95,8 @@ def main(argv=None) -> int:
                 "runs_tok_s": runs[system],
                 "same_greedy_tokens": sum(a == b for a, b in zip(tokens[system], reference)),
             }
+        if "roseinfer" in block:
+            block["roseinfer"]["fraction_of_roofline"] = block["roseinfer"]["output_throughput_tok_s"] / ceiling
         for system in args.systems[1:]:
             block[f"roseinfer_over_{system}"] = (
                 block["roseinfer"]["output_throughput_tok_s"] / block[system]["output_throughput_tok_s"]

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from roseinfer.bench.roofline import continuous_batching_floor, measure_peaks
+from roseinfer.bench.roofline import workload_ceiling_tok_s
 from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts
 from roseinfer.config import ModelConfig
 
@@ -92,10 +92,7 @@ def roofline(config: ModelConfig, requests: list[dict], threads: int) -> dict[st
     torch.set_num_threads(threads)
     prompt_lens = [len(r["prompt"]) for r in requests]
     output_lens = [r["max_new_tokens"] for r in requests]
-    useful = sum(output_lens)
-    floors = {}
-    for name, dtype, elem_bytes in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
-        peaks = measure_peaks("cpu", dtype)
-        floor = continuous_batching_floor(config, prompt_lens, output_lens, len(requests), elem_bytes, peaks)
-        floors[f"{name}_tok_s"] = useful / floor["floor_s"]
-    return floors
+    return {
+        f"{name}_tok_s": workload_ceiling_tok_s(config, prompt_lens, output_lens, dtype)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    }

@@ -51,8 +51,10 @@ def compare_hf_section(results: Path) -> str:
             for s in systems:
                 runs = block[s]["runs_tok_s"]
                 ratio = "" if s == "roseinfer" else f" → **{block[f'roseinfer_over_{s}']:.2f}×**"
+                share = block[s].get("fraction_of_roofline")
+                ceiling = f"; {share:.0%} of the roofline, {_fmt(block['roofline_tok_s'])}" if share else ""
                 cells.append(
-                    f"{_fmt(block[s]['output_throughput_tok_s'])} ({_fmt(min(runs))}–{_fmt(max(runs))}){ratio}"
+                    f"{_fmt(block[s]['output_throughput_tok_s'])} ({_fmt(min(runs))}–{_fmt(max(runs))}){ratio}{ceiling}"
                 )
             rows.append(
                 f"| {r['device']} | {r['config']['model']} | {workload} | " + " | ".join(cells) + " |"

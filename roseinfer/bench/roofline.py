@@ -97,6 +97,20 @@ def continuous_batching_floor(
     return {"floor_s": total, "decode_steps": steps}
 
 
+def workload_ceiling_tok_s(
+    config: ModelConfig,
+    prompt_lens: Sequence[int],
+    output_lens: Sequence[int],
+    dtype: torch.dtype,
+    device: str = "cpu",
+) -> float:
+    """Output tok/s of an ideal engine running the whole workload at once at this device's peaks."""
+    peaks = measure_peaks(device, dtype)
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    floor = continuous_batching_floor(config, prompt_lens, output_lens, len(prompt_lens), elem_bytes, peaks)
+    return sum(output_lens) / floor["floor_s"]
+
+
 @functools.lru_cache(maxsize=8)
 def measure_peaks(
     device: str = "cpu", dtype: torch.dtype = torch.float32, small: bool = False
