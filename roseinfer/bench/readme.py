@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roseinfer.bench.results import REPO_ROOT, read_json
+from roseinfer.bench.stats import median, verdict
 
 
 def _fmt(x: float) -> str:
@@ -135,14 +136,9 @@ def serving_section(results: Path) -> str:
     )
 
 
-def _median(values) -> float:
-    data = sorted(values)
-    return data[(len(data) - 1) // 2]
-
-
 def _noise(before, after) -> str:
-    overlap = not (min(after) > max(before) or max(after) < min(before))
-    return " (runs overlap: within noise)" if overlap else ""
+    """What the notebooks' rank test says of the runs, when it cannot call a difference."""
+    return "" if verdict("", before, after, "", higher_is_better=True).significant else " (no difference the rank test can show)"
 
 
 def _headline(name: str, m: dict) -> str:
@@ -156,7 +152,7 @@ def _headline(name: str, m: dict) -> str:
         )
     if name == "nb03_continuous_batching":
         return (
-            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s; "
+            f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s; "
             f"{m['wasted_fraction']:.0%} → 0% wasted decode rows"
         )
     if name == "nb04_scheduler_manager":
@@ -167,12 +163,12 @@ def _headline(name: str, m: dict) -> str:
     if name == "nb05_worker_wakeup_event":
         idle = m["idle"]
         return (
-            f"TTFT p50 at light load {_median(m['before_ttft_p50_ms']):.2f} → {_median(m['after_ttft_p50_ms']):.2f} ms; "
+            f"TTFT p50 at light load {median(m['before_ttft_p50_ms']):.2f} → {median(m['after_ttft_p50_ms']):.2f} ms; "
             f"idle wake-ups {idle['polling']['wakeups_per_s']:.0f} → {idle['current']['wakeups_per_s']:.0f} /s"
         )
     if name == "nb06_scheduler_accessors":
         return (
-            f"streaming {_fmt(_median(m['before_tok_s']))} → {_fmt(_median(m['after_tok_s']))} tok/s"
+            f"streaming {_fmt(median(m['before_tok_s']))} → {_fmt(median(m['after_tok_s']))} tok/s"
             f"{_noise(m['before_tok_s'], m['after_tok_s'])}"
         )
     if name == "nb07_batched_worker_lookups":
@@ -186,9 +182,20 @@ def _headline(name: str, m: dict) -> str:
         big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
         return (
             f"one layer's decode attention at batch {big['batch']} × {big['context']}: "
-            f"{_median(big['before_ms']):.1f} → {_median(big['after_ms']):.1f} ms ({m['after']}; "
+            f"{median(big['before_ms']):.1f} → {median(big['after_ms']):.1f} ms ({m['after']}; "
             f"the gather copied {big['gather_mb']:.0f} MiB)"
             + ("" if m["gpu_reference"] else "; the Triton kernel's GPU timing: not yet measured")
+        )
+    if name == "nb09_compiled_decode":
+        rows = {(r["model"], r["variant"], r["batch"]): r["step_ms_runs"] for r in m["rows"]}
+        b = min(r[2] for r in rows)
+        eager, compiled = rows[("gpt2", "eager", b)], rows[("gpt2", "compiled", b)]
+        v = verdict("", eager, compiled, "ms", higher_is_better=False)
+        said = (f"{v.ratio:.2f}x faster" if v.better else f"{1 / v.ratio:.2f}x slower" if v.worse
+                else "no difference the rank test can show")
+        return (
+            f"gpt2 decode step at batch {b}: eager {median(eager):.2f} → compiled {median(compiled):.2f} ms "
+            f"({said}); compiling took {m['compile_s']['gpt2']:.1f} s"
         )
     if name == "nb09_cuda_graphs":
         if m["rows"]:
@@ -199,7 +206,7 @@ def _headline(name: str, m: dict) -> str:
         return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
     if name == "nb10_prefix_cache":
         return (
-            f"TTFT p50 {_median(m['before_ttft_p50_ms']):.0f} → {_median(m['after_ttft_p50_ms']):.0f} ms"
+            f"TTFT p50 {median(m['before_ttft_p50_ms']):.0f} → {median(m['after_ttft_p50_ms']):.0f} ms"
             f"{_noise(m['before_ttft_p50_ms'], m['after_ttft_p50_ms'])}; "
             f"{m['sequential_kv']['prefix_cache_hit_rate']:.0%} of prompt tokens from the cache"
         )
@@ -237,7 +244,7 @@ NOTEBOOKS = [
         "nb08_paged_attention",
         "gather + SDPA → a kernel reading the block table (C on CPU, Triton on GPU)",
     ),
-    ("09_cuda_graphs", "nb09_cuda_graphs", "eager decode → CUDA graph replay"),
+    ("09_cuda_graphs", "nb09_compiled_decode", "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)"),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
     (
         "11_final_server",
