@@ -110,7 +110,8 @@ def compare_engines_section(results: Path) -> str:
         parts.append(
             f"Roofline ceiling in output tok/s, the workload run by an ideal engine at the matmul and "
             f"memory-read peaks measured in the same run (`bench/roofline.py`: the best of `torch.mm` and "
-            f"oneDNN's packed projection; a read-only stream over 1 GiB): {floors}. Each engine is "
+            f"oneDNN's packed projection for FLOP/s; for read bandwidth the faster of a sum over 1 GiB "
+            f"and a one-row packed projection through 512 MB of weights): {floors}. Each engine is "
             f"measured against the ceiling of its own dtype; int8 has none measured."
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
