@@ -102,9 +102,10 @@ def test_paged_equals_contiguous(case, block_size, backend):
     assert (out.double() - expected).abs().max() <= 1e-5
 
 
-def test_new_tokens_are_written_to_their_slots():
-    q, k, v, k_cache, v_cache, meta, _ = build_case(CASES["mixed"], 8)
-    TorchPagedAttention().forward(q, k, v, k_cache, v_cache, meta, 1.0)
+@pytest.mark.parametrize("backend, case", [("torch", "mixed"), ("cpu", "decode")])
+def test_new_tokens_are_written_to_their_slots(backend, case):
+    q, k, v, k_cache, v_cache, meta, _ = build_case(CASES[case], 8)
+    BACKENDS[backend]().forward(q, k, v, k_cache, v_cache, meta, 1.0)
     assert torch.equal(k_cache.view(-1, 4, 16)[meta.slot_mapping], k)
     assert torch.equal(v_cache.view(-1, 4, 16)[meta.slot_mapping], v)
 
@@ -188,3 +189,19 @@ def test_plan_pieces_covers_every_head_within_a_calls_span():
     assert cpu_attention.plan_pieces(1, 12, 64, 2, 4096, 64) == (1, 6)  # batch 1: by heads
     assert cpu_attention.plan_pieces(4, 80, 64, 2, 4096, 64) == (2, 64)  # 80 heads > one call's span
     assert cpu_attention.plan_pieces(1, 1, 64, 4, 4096, 64) == (1, 1)
+
+
+def test_the_fused_kernel_reads_q_k_v_in_place_and_never_writes_outside_the_cache():
+    # q, k, v as the model hands them over: views of one [T, 3, H, D] projection output.
+    q, k, v, k_cache, v_cache, meta, seqs = build_case(CASES["decode"], 4)
+    qkv = torch.stack([q, k, v], dim=1)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous()
+    out = CpuPagedAttention().forward(q, k, v, k_cache, v_cache, meta, 0.25)
+    assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
+    meta.slot_mapping[0] = k_cache.shape[0] * k_cache.shape[1]  # one past the last slot
+    meta.backend_state.clear()
+    before = k_cache.clone()
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        CpuPagedAttention().forward(q, k, v, k_cache, v_cache, meta, 0.25)
+    assert torch.equal(k_cache, before)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention, write_kv
+from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention
 
 logger = logging.getLogger("roseinfer.model")
 
@@ -107,7 +107,13 @@ def load_paged_decode_kernel() -> ctypes.CDLL | None:
     for name in KERNELS.values():
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float]
+        fn.argtypes = (
+            [ctypes.c_void_p] * 4  # q, new k, new v, slots
+            + [ctypes.c_int64] * 2  # their token stride, cache slots
+            + [ctypes.c_void_p] * 5  # k cache, v cache, block tables, context lens, out
+            + [ctypes.c_int64] * 8
+            + [ctypes.c_float]
+        )
     for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
@@ -130,6 +136,16 @@ def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span
         return threads, group
     per_seq = -(-threads // num_seqs)  # threads a sequence gets
     return num_seqs, min(group, -(-heads // per_seq))
+
+
+def _shares_token_layout(tensors: list[torch.Tensor]) -> bool:
+    """Whether the kernel can read these [B, H, D] tensors in place: heads and head_dim contiguous,
+    and one token stride for all (q, k and v as views of the QKV projection's output are)."""
+    q = tensors[0]
+    return all(
+        t.stride(2) == 1 and t.stride(1) == q.shape[2] and t.stride(0) == q.stride(0) and t.shape == q.shape
+        for t in tensors
+    )
 
 
 class CpuPagedAttention(TorchPagedAttention):
@@ -171,30 +187,42 @@ class CpuPagedAttention(TorchPagedAttention):
             return torch.ops.roseinfer.cpu_decode_attention(
                 query, key, value, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, scale
             )
-        write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        return self.decode(query, k_cache, v_cache, meta, scale)
+        return self.decode(query, k_cache, v_cache, meta, scale, key, value)
 
     def decode(
         self,
-        query: torch.Tensor,  # [B, H, D]: one token a sequence, its K/V already in the cache
+        query: torch.Tensor,  # [B, H, D]: one token a sequence
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        key: torch.Tensor | None = None,  # [B, H, D]: the new tokens' K/V, written by the kernel
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The fused kernel alone: attention of each sequence's one query over its cached context."""
-        query = query.contiguous()
-        out = torch.empty_like(query)
+        """The fused kernel: attention of each sequence's one query over its cached context.
+
+        With `key` and `value` the step's new K/V are first written at meta.slot_mapping, by the
+        kernel; without, they must already be in the cache.
+        """
+        new = [query] if key is None else [query, key, value]
+        if not _shares_token_layout(new):
+            new = [t.contiguous() for t in new]
+        query = new[0]
+        out = torch.empty(query.shape, dtype=query.dtype)
         num_seqs, heads, head_dim = query.shape
-        # The kernel reads int32 tables; convert once a forward, not once a layer.
+        # The kernel reads int32 tables and int64 slots; convert once a forward, not once a layer.
         state = meta.backend_state
         if "cpu_tables" not in state:
             state["cpu_tables"] = meta.block_tables.to(torch.int32).contiguous()
             state["cpu_lens"] = meta.context_lens.to(torch.int32).contiguous()
-        tables, lens = state["cpu_tables"], state["cpu_lens"]
+            state["cpu_slots"] = meta.slot_mapping.to(torch.int64).contiguous()
+        tables, lens, slots = state["cpu_tables"], state["cpu_lens"], state["cpu_slots"]
         kernel = getattr(self.kernel, KERNELS[query.dtype])
         fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
-        pointers = [t.data_ptr() for t in (query, k_cache, v_cache, tables, lens, out)]
+        new_kv = (new[1].data_ptr(), new[2].data_ptr(), slots.data_ptr()) if key is not None else (None, None, None)
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        pointers = [query.data_ptr(), *new_kv, query.stride(0), num_slots]
+        pointers += [t.data_ptr() for t in (k_cache, v_cache, tables, lens, out)]
 
         # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
         # steps (a few short contexts) run on this thread alone.
@@ -202,6 +230,8 @@ class CpuPagedAttention(TorchPagedAttention):
         threads = self.num_threads if work >= SPLIT_ABOVE_ROW_TOKENS else 1
         seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
         status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
+        if status == 2:
+            raise IndexError(f"a slot in {slots.tolist()} is outside the KV cache ({num_slots} slots)")
         if status:
             raise ValueError(f"head_dim {head_dim} or block size {k_cache.shape[1]} is over the kernel's limit")
         return out
@@ -226,11 +256,10 @@ def cpu_decode_attention(
     cache, the write is functionalized into a copy of the layer's whole cache
     every step; and ctypes calls cannot be traced at all.
     """
-    write_kv(key, value, k_cache, v_cache, slot_mapping)
     meta = AttentionMetadata(
         slot_mapping, block_tables, context_lens, context_lens, 1, int(context_lens.max())
     )  # query_start_loc is unused by a decode-only step
-    return _compiled_backend().decode(query, k_cache, v_cache, meta, scale)
+    return _compiled_backend().decode(query, k_cache, v_cache, meta, scale, key, value)
 
 
 @cpu_decode_attention.register_fake

@@ -19,7 +19,16 @@
  * head_end), so the caller can split a step across threads by sequences or,
  * for a single sequence, by heads (ctypes releases the GIL).
  *
- * Layouts (C-contiguous): q, out [num_seqs, num_heads, head_dim];
+ * The step's new keys and values are written into the cache here too, each
+ * piece its own sequence's heads just before it reads them: one pass instead
+ * of two indexed copies a layer, and q, k and v are read straight out of the
+ * QKV projection's output (a token's q, k, v side by side, `in_stride` apart).
+ *
+ * Layouts: q, new_k, new_v [num_seqs, num_heads, head_dim] with a token stride
+ * of `in_stride` elements (heads and head_dim contiguous); slots [num_seqs]
+ * int64 (the new token's cache slot, < 0: write nothing; at or past num_slots: an
+ * error, nothing written out of bounds); out
+ * [num_seqs, num_heads, head_dim] C-contiguous;
  * k_cache, v_cache [num_blocks, block_size, num_heads, head_dim];
  * block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32.
  * Elements are fp32 or bf16 (bf16 is widened to fp32; all arithmetic is fp32).
@@ -84,7 +93,8 @@ static inline __attribute__((always_inline)) float exp_neg(float x) {
 /* `bf16` is a constant in each caller below, so the compiler builds one
  * specialised copy per element type with no branch left in the loops. */
 static inline __attribute__((always_inline)) int paged_decode(
-    const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
+    const void *q, const void *new_k, const void *new_v, const int64_t *slots, int64_t in_stride,
+    int64_t num_slots, void *k_cache, void *v_cache, const int32_t *block_tables,
     const int32_t *context_lens, void *out, int64_t seq_begin, int64_t seq_end, int64_t head_begin,
     int64_t head_end, int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
     float scale, int bf16) {
@@ -97,9 +107,16 @@ static inline __attribute__((always_inline)) int paged_decode(
     for (int64_t seq = seq_begin; seq < seq_end; ++seq) {
         const int64_t context = context_lens[seq];
         const int32_t *table = block_tables + seq * max_blocks;
-        const int64_t q_at = seq * token_stride + first_elem;
+        const int64_t in_at = seq * in_stride + first_elem, out_at = seq * token_stride + first_elem;
+        if (new_k != 0 && slots[seq] >= num_slots) return 2; /* never write outside the cache */
+        if (new_k != 0 && slots[seq] >= 0) { /* this token's K/V for these heads, into its slot */
+            const size_t elem = bf16 ? 2 : 4, bytes = (size_t)span * elem;
+            const int64_t slot_at = slots[seq] * token_stride + first_elem;
+            memcpy((char *)k_cache + slot_at * elem, (const char *)new_k + in_at * elem, bytes);
+            memcpy((char *)v_cache + slot_at * elem, (const char *)new_v + in_at * elem, bytes);
+        }
 #pragma omp simd
-        for (int64_t i = 0; i < span; ++i) qf[i] = load(q, q_at + i, bf16) * scale;
+        for (int64_t i = 0; i < span; ++i) qf[i] = load(q, in_at + i, bf16) * scale;
         memset(acc, 0, (size_t)span * sizeof *acc);
         for (int64_t h = 0; h < heads; ++h) running_max[h] = -INFINITY, denom[h] = 0.0f;
         for (int64_t start = 0; start < context; start += block_size) {
@@ -150,7 +167,7 @@ static inline __attribute__((always_inline)) int paged_decode(
             const float inv = denom[h] > 0.0f ? 1.0f / denom[h] : 0.0f;
 #pragma omp simd
             for (int64_t d = 0; d < head_dim; ++d)
-                store(out, q_at + h * head_dim + d, acc[h * head_dim + d] * inv, bf16);
+                store(out, out_at + h * head_dim + d, acc[h * head_dim + d] * inv, bf16);
         }
     }
     return 0;
@@ -163,7 +180,8 @@ static inline __attribute__((always_inline)) int paged_decode(
  * of a second pool of threads competing with them for the same two cores.
  * Pieces: sequences split in `seq_parts`, heads in groups of `head_group`. */
 #define PAGED_DECODE(name, is_bf16)                                                                       \
-    int name(const void *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,        \
+    int name(const void *q, const void *new_k, const void *new_v, const int64_t *slots, int64_t in_stride, \
+             int64_t num_slots, void *k_cache, void *v_cache, const int32_t *block_tables,                                   \
              const int32_t *context_lens, void *out, int64_t num_seqs, int64_t seq_parts,                \
              int64_t head_group, int64_t threads, int64_t num_heads, int64_t head_dim,                   \
              int64_t block_size, int64_t max_blocks, float scale) {                                      \
@@ -175,7 +193,8 @@ static inline __attribute__((always_inline)) int paged_decode(
             const int64_t sp = i / head_parts, hp = i % head_parts;                                       \
             const int64_t h0 = hp * head_group;                                                           \
             const int64_t h1 = h0 + head_group < num_heads ? h0 + head_group : num_heads;                 \
-            failed |= paged_decode(q, k_cache, v_cache, block_tables, context_lens, out,                  \
+            failed |= paged_decode(q, new_k, new_v, slots, in_stride, num_slots, k_cache, v_cache, block_tables,     \
+                                   context_lens, out,                                                     \
                                    num_seqs * sp / seq_parts, num_seqs * (sp + 1) / seq_parts, h0, h1,    \
                                    num_heads, head_dim, block_size, max_blocks, scale, is_bf16);          \
         }                                                                                                 \
