@@ -153,8 +153,10 @@ def _headline(name: str, m: dict) -> str:
         )
     if name == "nb03_continuous_batching":
         return (
-            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s; "
-            f"{m['wasted_fraction']:.0%} → 0% wasted decode rows"
+            f"queue wait p50 {_median(m['before_queue_wait_p50_ms']):.0f} → "
+            f"{_median(m['after_queue_wait_p50_ms']):.0f} ms; "
+            f"{m['wasted_fraction']:.0%} → {m['continuous_wasted_fraction']:.0%} wasted rows (measured); "
+            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s"
         )
     if name == "nb04_scheduler_manager":
         return (
