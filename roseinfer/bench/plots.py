@@ -15,16 +15,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from roseinfer.bench.stats import median as _median
+
 COLORS = {"before": "#b0b0b0", "after": "#d9534f"}
 # Variant colours when the names are not "before"/"after": the first series is
 # drawn in the "before" grey, the last in the "after" red, any between in these.
 _MIDDLE = ("#5b8bd0", "#5cb85c", "#f0ad4e", "#9b59b6")
-
-
-def _median(values: Sequence[float]) -> float:
-    data = sorted(values)
-    n = len(data)
-    return data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2
 
 
 def _as_runs(value) -> list[float]:
