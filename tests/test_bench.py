@@ -258,3 +258,32 @@ def test_source_diff_shows_only_the_changed_lines():
     assert diff.startswith("--- roseinfer.history.lock_per_token.LockPerTokenManager._collect_step_records")
     assert "+    with self._lock:" in diff and "-        with self._lock:" in diff
     assert source_diff(SchedulerManager._idle, SchedulerManager._idle) == ""
+
+
+def test_plots_show_spread_only_where_there_are_runs_and_plain_log_labels(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from roseinfer.bench import plots
+
+    fig, (ax1, ax2, ax3) = plots.figure(3)
+    # Runs per point: a band from min to max, the line through the medians, named variants in the legend.
+    plots.curve(
+        ax1,
+        {"recompute": ([16, 512], [[10, 12, 30], [600, 650, 850]]), "KV cache": ([16, 512], [5, 6])},
+        "context",
+        "ms",
+        logy=True,
+    )
+    assert [t.get_text() for t in ax1.get_legend().get_texts()] == ["recompute", "KV cache"]
+    assert len(ax1.collections) == 2  # recompute's band and its run dots; KV cache has single values, neither
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax1.yaxis.get_majorticklabels() + ax1.yaxis.get_minorticklabels()]
+    assert labels and not any("times" in s or "^" in s or "e+" in s for s in labels)
+    # Bars: a whisker only for the variant with several runs; the old call signature still works.
+    plots.before_after_bars(ax2, ["polling", "event"], [[4.4, 4.8, 5.1], [2.4]], "ms", "t")
+    assert len(ax2.containers) == 2  # the bars, and one errorbar
+    plots.before_after_bars(ax3, ["a", "b"], [[1], [2]], "x")
+    assert len(ax3.containers) == 1
+    assert plots.plain_number(7020) == "7,020" and plots.plain_number(0.0123) == "0.0123"
+    plots.save(fig, tmp_path / "f.png")

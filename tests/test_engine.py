@@ -30,6 +30,20 @@ def test_batched_equals_solo_greedy(engine):
     assert engine.block_manager.num_used_blocks == 0
 
 
+def test_prompt_logits_match_hf_and_free_their_blocks(engine, hf_model):
+    import torch
+
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    ours = engine.prompt_logits(ids)
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor([ids])).logits[0]
+    assert ours.shape == theirs.shape and ours.dtype == torch.float32
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    # The last position's argmax is the first greedy token.
+    assert int(ours[-1].argmax()) == engine.generate([ids], SamplingParams(max_new_tokens=1))[0].token_ids[0]
+    assert engine.block_manager.num_used_blocks == 0
+
+
 def test_outputs_keep_prompt_order_and_fields(engine):
     outs = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=5, stop_on_eos=False))
     assert [o.prompt for o in outs] == PROMPTS[:3]

@@ -9,7 +9,7 @@ from roseinfer import SamplingParams
 from roseinfer.bench.batching import run_continuous, run_one_at_a_time, run_static
 from roseinfer.bench.workloads import mixed_output_lengths
 from roseinfer.history.clear_outside_lock import ClearOutsideLockManager
-from roseinfer.history.no_kv_cache import RecomputeGenerator
+from roseinfer.history.no_kv_cache import KVCacheGenerator, RecomputeGenerator
 from roseinfer.server.manager import SchedulerManager
 
 
@@ -17,6 +17,7 @@ def test_recompute_generator_matches_the_kv_cache(engine):
     prompt = engine.tokenizer.encode("Recompute everything, every time")
     expected = engine.generate([prompt], SamplingParams(max_new_tokens=12, stop_on_eos=False))[0].token_ids
     assert RecomputeGenerator(engine).generate(prompt, 12) == expected
+    assert KVCacheGenerator(engine).generate(prompt, 12) == expected
     assert engine.block_manager.num_used_blocks == 0
 
 

@@ -153,8 +153,15 @@ def _headline(name: str, m: dict) -> str:
         )
     if name == "nb03_continuous_batching":
         return (
+<<<<<<< HEAD
             f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s; "
             f"{m['wasted_fraction']:.0%} → 0% wasted decode rows"
+=======
+            f"queue wait p50 {_fmt(_median(m['before_queue_wait_p50_ms']))} → "
+            f"{_fmt(_median(m['after_queue_wait_p50_ms']))} ms; "
+            f"{m['wasted_fraction']:.0%} → {m['continuous_wasted_fraction']:.0%} wasted rows (measured); "
+            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s"
+>>>>>>> nb-a
         )
     if name == "nb04_scheduler_manager":
         return (
@@ -230,7 +237,7 @@ NOTEBOOKS = [
     (
         "03_continuous_batching",
         "nb03_continuous_batching",
-        "static batches → continuous batching over paged KV",
+        "static batches → continuous batching (arrivals over time)",
     ),
     ("04_scheduler_manager", "nb04_scheduler_manager", "a lock around each request → the SchedulerManager"),
     (

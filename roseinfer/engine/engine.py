@@ -26,7 +26,7 @@ import torch
 from roseinfer.config import EngineConfig, ModelConfig, resolve_dtype
 from roseinfer.detokenizer import TextStream
 from roseinfer.engine.block_manager import BlockManager, blocks_for
-from roseinfer.engine.runner import ModelRunner, kv_cache_bytes_per_block
+from roseinfer.engine.runner import BatchEntry, ModelRunner, kv_cache_bytes_per_block
 from roseinfer.engine.sequence import GenerationOutput
 from roseinfer.model.attention import default_attention_backend, make_attention_backend
 from roseinfer.model.gpt2 import GPT2
@@ -187,6 +187,27 @@ class InferenceEngine:
         while scheduler.has_unfinished():
             _check_progress(scheduler, scheduler.step())
         return [scheduler.pop_response(rid) for rid in ids]
+
+    def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """fp32 logits [len(token_ids), vocab] of every position of one prompt (what HF's model returns).
+
+        For checking the model against another implementation: the prompt's K/V
+        go into scratch blocks that are freed before it returns.
+        """
+        ids = list(token_ids)
+        table = self.block_manager.allocate(blocks_for(len(ids), self.block_manager.block_size))
+        try:
+            entry = BatchEntry(
+                token_ids=ids,
+                start_pos=0,
+                block_table=table,
+                sample=False,
+                params=SamplingParams(),
+                generator=None,
+            )
+            return self.runner.logits_for([entry])
+        finally:
+            self.block_manager.free(table)
 
     def stream_tokens(
         self, prompt: str | list[int], params: SamplingParams | None = None, **scheduler_options: Any
