@@ -71,3 +71,38 @@ def test_clearing_outside_the_lock_loses_the_wakeup_and_under_the_lock_does_not(
     assert _submit_in_window(engine, _UnderLockWithWindow, "before_wait") is True
 
 
+
+
+def test_no_prefix_cache_scheduler_matches_the_cache_and_finds_nothing(engine):
+    from roseinfer.bench.diff import source_diff
+    from roseinfer.bench.scheduler_modes import SchedulerSetup, run_mode
+    from roseinfer.bench.workloads import shared_prefix_prompts
+    from roseinfer.engine.scheduler import OnlineScheduler
+    from roseinfer.history.no_prefix_cache import NoPrefixCacheScheduler
+
+    workload = shared_prefix_prompts(6, 40, 5, 4, num_prefixes=2, seed=3)
+    params = [SamplingParams(max_new_tokens=r.max_new_tokens, stop_on_eos=False) for r in workload]
+
+    def tokens(scheduler) -> list[list[int]]:
+        ids = [scheduler.add_request(prompt_token_ids=r.prompt_token_ids, params=p) for r, p in zip(workload, params)]
+        while scheduler.has_unfinished():
+            scheduler.step()
+        return [scheduler.pop_response(i).token_ids for i in ids]
+
+    engine.block_manager.reset_prefix_cache()
+    before = tokens(NoPrefixCacheScheduler(engine, enable_prefix_cache=True))  # the option cannot turn it on
+    engine.block_manager.reset_prefix_cache()
+    assert before == tokens(OnlineScheduler(engine, enable_prefix_cache=False))
+    engine.block_manager.reset_prefix_cache()
+    assert before == tokens(OnlineScheduler(engine, enable_prefix_cache=True))
+
+    # Arriving one after another, the later requests of a prefix find it only with the cache.
+    for cls, expect_hits in ((NoPrefixCacheScheduler, False), (OnlineScheduler, True)):
+        m = run_mode(engine, SchedulerSetup(scheduler_class=cls, enable_prefix_cache=True), "naive", workload, params)
+        assert (sum(m["cached_tokens"]) > 0) is expect_hits
+        assert len(m["ttfts_ms"]) == len(workload)
+    assert engine.block_manager.num_used_blocks == 0
+
+    diff = source_diff(NoPrefixCacheScheduler._admit, OnlineScheduler._admit)
+    assert "+        hits, hashes = self._blocks.match_prefix(" in diff
+    assert source_diff(OnlineScheduler._admit, OnlineScheduler._admit) == ""

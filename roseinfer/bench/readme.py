@@ -153,15 +153,10 @@ def _headline(name: str, m: dict) -> str:
         )
     if name == "nb03_continuous_batching":
         return (
-<<<<<<< HEAD
-            f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s; "
-            f"{m['wasted_fraction']:.0%} → 0% wasted decode rows"
-=======
-            f"queue wait p50 {_fmt(_median(m['before_queue_wait_p50_ms']))} → "
-            f"{_fmt(_median(m['after_queue_wait_p50_ms']))} ms; "
+            f"queue wait p50 {_fmt(median(m['before_queue_wait_p50_ms']))} → "
+            f"{_fmt(median(m['after_queue_wait_p50_ms']))} ms; "
             f"{m['wasted_fraction']:.0%} → {m['continuous_wasted_fraction']:.0%} wasted rows (measured); "
-            f"{_fmt(_median(m['before_runs_tok_s']))} → {_fmt(_median(m['after_runs_tok_s']))} output tok/s"
->>>>>>> nb-a
+            f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s"
         )
     if name == "nb04_scheduler_manager":
         return (
@@ -213,20 +208,23 @@ def _headline(name: str, m: dict) -> str:
             return f"batch {b}: decode step {eager[b]:.3f} → {graph[b]:.3f} ms"
         return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
     if name == "nb10_prefix_cache":
+        before, after = m["variants"]
+        head = f"{m['headline_load']:g}"
+        b, a = m["stream"][before][head]["ttft_p50_ms"], m["stream"][after][head]["ttft_p50_ms"]
         return (
-            f"TTFT p50 {median(m['before_ttft_p50_ms']):.0f} → {median(m['after_ttft_p50_ms']):.0f} ms"
-            f"{_noise(m['before_ttft_p50_ms'], m['after_ttft_p50_ms'])}; "
-            f"{m['sequential_kv']['prefix_cache_hit_rate']:.0%} of prompt tokens from the cache"
+            f"at {head}× the no-cache capacity ({m['capacity_req_s']:.1f} req/s): TTFT p50 "
+            f"{median(b):.0f} → {median(a):.0f} ms{_noise(b, a)}; a request alone "
+            f"{median(m['alone_ttft_ms'][before]):.0f} → {median(m['alone_ttft_ms'][after]):.0f} ms"
         )
     if name == "nb11_final_server":
-        ours = m["roseinfer"][-1]
-        if "hf_serve" in m:
-            theirs = m["hf_serve"][-1]
+        c = str(m["concurrency"][-1])
+        tok_s = {n: median([r["output_throughput_tok_s"] for r in m["sweep"][n][c]]) for n in m["servers"]}
+        if "transformers serve" in tok_s:
             return (
-                f"all at once: transformers serve {_fmt(theirs['output_throughput_tok_s'])} → roseinfer "
-                f"{_fmt(ours['output_throughput_tok_s'])} output tok/s"
+                f"{c} in flight, fp32, EOS a stop for both: transformers serve {_fmt(tok_s['transformers serve'])} "
+                f"→ roseinfer {_fmt(tok_s['roseinfer'])} output tok/s"
             )
-        return f"all at once: {_fmt(ours['output_throughput_tok_s'])} output tok/s"
+        return f"{c} in flight: {_fmt(tok_s['roseinfer'])} output tok/s"
     return ""
 
 
@@ -257,7 +255,7 @@ NOTEBOOKS = [
     (
         "11_final_server",
         "nb11_final_server",
-        "`python -m roseinfer.server`, loaded at several rates, next to `transformers serve`",
+        "`python -m roseinfer.server` under load, next to `transformers serve` (and vLLM-CPU's committed run)",
     ),
 ]
 

@@ -29,6 +29,8 @@ class SchedulerSetup:
     pretok: bool = True  # hand the scheduler token ids (else its text, so tokenization is timed)
     request_rate: float = float("inf")  # online mode
     seed: int = 0
+    # A variant from roseinfer.history (e.g. NoPrefixCacheScheduler) or today's scheduler.
+    scheduler_class: type[OnlineScheduler] = OnlineScheduler
 
 
 class Run:
@@ -41,7 +43,7 @@ class Run:
         self.kv_stats: dict[str, Any] = {}  # the scheduler's counters after an online/offline run
 
     def scheduler(self) -> OnlineScheduler:
-        return OnlineScheduler(
+        return self.args.scheduler_class(
             self.engine,
             max_batch_size=self.args.max_batch_size,
             max_num_batched_tokens=self.args.max_num_batched_tokens,
@@ -63,6 +65,11 @@ class Run:
         for rid in produced:
             records[rid].token_times.append(now)
 
+    @staticmethod
+    def _finish_record(rec: RequestRecord, out) -> None:
+        rec.scheduled = out.metrics.first_scheduled_time
+        rec.extra["cached_tokens"] = out.metrics.num_cached_tokens
+
     def naive(self, workload) -> list[RequestRecord]:
         records = []
         for req, p in zip(workload, self.params):
@@ -71,7 +78,7 @@ class Run:
             rid = self.add(scheduler, req, p)
             while scheduler.has_unfinished():
                 self.step(scheduler, {rid: rec})
-            rec.scheduled = scheduler.pop_response(rid).metrics.first_scheduled_time
+            self._finish_record(rec, scheduler.pop_response(rid))
             records.append(rec)
         return records
 
@@ -94,7 +101,7 @@ class Run:
             elif i < len(workload):
                 time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
         for rid, rec in records.items():
-            rec.scheduled = scheduler.pop_response(rid).metrics.first_scheduled_time
+            self._finish_record(rec, scheduler.pop_response(rid))
         self.kv_stats = scheduler.kv_stats()
         return list(records.values())
 
@@ -115,6 +122,9 @@ def run_mode(engine, args: SchedulerSetup, mode: str, workload: list[BenchReques
     out_tokens = metrics["total_output_tokens"]
     metrics.update(
         kv=run.kv_stats,
+        # Per request, in arrival order: prompt tokens found in the prefix cache, and TTFT.
+        cached_tokens=[int(r.extra.get("cached_tokens", 0)) for r in records],
+        ttfts_ms=[1000 * r.ttft for r in records if r.ttft is not None],
         total_time_s=total,
         decode_time_s=run.decode_s,
         steps=run.steps,

@@ -45,6 +45,7 @@ class LoadSetup:
         "ids"  # "ids": exact token ids; "text": the same ids decoded (for servers that want text)
     )
     progress: bool = False
+    keep_texts: bool = False  # return each request's text (to compare two servers' greedy answers)
 
 
 class Progress:
@@ -65,9 +66,11 @@ class Progress:
             sys.stderr.flush()
 
 
-async def _one_request(client: httpx.AsyncClient, body: dict, record: RequestRecord) -> None:
+async def _one_request(client: httpx.AsyncClient, body: dict, record: RequestRecord) -> str:
+    """Stream one completion into `record`; returns its text."""
     record.start = time.perf_counter()
     chunk_times: list[float] = []
+    pieces: list[str] = []
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
@@ -83,10 +86,13 @@ async def _one_request(client: httpx.AsyncClient, body: dict, record: RequestRec
                 raise RuntimeError(payload["error"].get("message"))
             if payload.get("usage"):
                 record.extra["completion_tokens"] = payload["usage"]["completion_tokens"]
-            if any(c.get("text") for c in payload.get("choices", [])):
+            text = "".join(c.get("text") or "" for c in payload.get("choices", []))
+            if text:
                 chunk_times.append(time.perf_counter())
+                pieces.append(text)
     record.end = time.perf_counter()
     record.token_times = chunk_times  # one "token time" per chunk: TTFT and ITL are per chunk
+    return "".join(pieces)
 
 
 async def run_load(setup: LoadSetup) -> dict[str, Any]:
@@ -99,6 +105,7 @@ async def run_load(setup: LoadSetup) -> dict[str, Any]:
         tokenizer = GPT2Tokenizer.from_pretrained()
     arrivals = poisson_arrivals(setup.num_prompts, setup.request_rate, setup.burstiness, setup.seed)
     records = [RequestRecord(start=0.0, prompt_tokens=setup.input_len) for _ in workload]
+    texts: list[str | None] = [None] * len(workload)
     errors: list[str] = []
     async with httpx.AsyncClient(
         base_url=setup.base_url, headers=headers, timeout=setup.timeout, limits=limits
@@ -122,10 +129,10 @@ async def run_load(setup: LoadSetup) -> dict[str, Any]:
                 body["ignore_eos"] = True
             try:
                 if gate is None:
-                    await _one_request(client, body, records[i])
+                    texts[i] = await _one_request(client, body, records[i])
                 else:
                     async with gate:
-                        await _one_request(client, body, records[i])
+                        texts[i] = await _one_request(client, body, records[i])
             except Exception as exc:  # counted and reported; the run goes on
                 errors.append(f"request {i}: {exc}")
             progress.step()
@@ -141,6 +148,13 @@ async def run_load(setup: LoadSetup) -> dict[str, Any]:
     metrics["tpot_ms"] = summarize(
         ((r.latency - r.ttft) / (n - 1) for r, n in zip(ok, n_tokens) if n > 1 and r.ttft is not None), 1000
     )
+    # Per request in workload order (None where it failed): how many tokens, and (asked for) the text.
+    if setup.keep_texts:
+        metrics["texts"] = texts
+    metrics["completion_tokens"] = [
+        int(r.extra.get("completion_tokens", len(r.token_times))) if r.end is not None else None
+        for r in records
+    ]
     metrics.update(failed=len(errors), errors=errors[:10], model=model)
     return metrics
 
@@ -192,8 +206,22 @@ def roseinfer_server_command(port: int, *server_args: str) -> list[str]:
     ]
 
 
-def hf_server_command(model_dir: str, port: int) -> list[str]:
-    """`transformers serve` on a local model directory, with its continuous batching (needs accelerate)."""
+def hf_server_command(
+    model_dir: str,
+    port: int,
+    dtype: str = "float32",
+    kv_tokens: int = 16384,
+    block_size: int = 16,
+    max_batch_tokens: int = 2048,
+) -> list[str]:
+    """`transformers serve` on a local model directory, with its continuous batching (needs accelerate).
+
+    The dtype is pinned (its default, "auto", follows the checkpoint) so a comparison runs both
+    servers in the same precision. The KV pool is pinned too: left to itself on a CPU, transformers
+    sizes it to 60-90% of the machine's RAM (13 GB here, enough for the OOM killer); 16384 tokens is
+    about roseinfer's default CPU pool for GPT-2 small in fp32 (1 GiB), and 2048 tokens per step is
+    roseinfer's default `max_num_batched_tokens`.
+    """
     return [
         sys.executable,
         "-m",
@@ -203,6 +231,14 @@ def hf_server_command(model_dir: str, port: int) -> list[str]:
         "--port",
         str(port),
         "--continuous-batching",
+        "--dtype",
+        dtype,
+        "--cb-block-size",
+        str(block_size),
+        "--cb-num-blocks",
+        str(kv_tokens // block_size),
+        "--cb-max-batch-tokens",
+        str(max_batch_tokens),
     ]
 
 

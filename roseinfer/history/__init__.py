@@ -10,6 +10,7 @@ greedy tokens, and the notebooks assert it.
     notebook 05  polling_worker    PollingWorkerManager   idle worker polls every 5 ms
     notebook 06  private_state     PrivateStateManager    reads scheduler internals
     notebook 07  lock_per_token    LockPerTokenManager    one lock acquisition per token
+    notebook 10  no_prefix_cache   NoPrefixCacheScheduler every prompt computed from its first token
 
 `make_manager(name, engine, **options)` builds any manager variant by name;
 the server (`--manager-variant`) and the benchmarks (`--variant`) use it.
