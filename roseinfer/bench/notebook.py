@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from roseinfer.bench import plots
+from roseinfer.bench.diff import show_diff  # noqa: F401  (re-exported for the notebooks)
 from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
 from roseinfer.bench.stats import Verdict, median, verdict  # noqa: F401  (re-exported for the notebooks)
 
@@ -75,20 +76,3 @@ def save(name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any
     if fig is not None:
         plots.save(fig, out.with_suffix(".png"))
     return out
-
-
-def show_diff(before: Any, after: Any, context: int = 3) -> None:
-    """Print a unified diff from the source of `before` to that of `after` (functions, methods, classes).
-
-    The increment as a reader reviews a change: only what differs, with a few
-    lines of context, instead of two whole listings to compare by eye.
-    """
-    import difflib
-
-    def lines(obj: Any) -> tuple[str, list[str]]:
-        module = getattr(inspect.getmodule(obj), "__name__", "?")
-        name = f"{module}.{getattr(obj, '__qualname__', repr(obj))}"
-        return name, textwrap.dedent(inspect.getsource(obj)).splitlines(keepends=True)
-
-    (before_name, a), (after_name, b) = lines(before), lines(after)
-    print("".join(difflib.unified_diff(a, b, fromfile=before_name, tofile=after_name, n=context)), end="")
