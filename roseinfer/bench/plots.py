@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from roseinfer.bench.stats import median as _median
+from roseinfer.bench.stats import plain_number
 
 COLORS = {"before": "#b0b0b0", "after": "#d9534f"}
 # Variant colours when the names are not "before"/"after": the first series is
@@ -26,15 +27,6 @@ _MIDDLE = ("#5b8bd0", "#5cb85c", "#f0ad4e", "#9b59b6")
 def _as_runs(value) -> list[float]:
     """A list of runs from a list (or array) of runs or a single value."""
     return [float(v) for v in value] if hasattr(value, "__len__") else [float(value)]
-
-
-def plain_number(value: float, _pos=None) -> str:
-    """3 significant digits without scientific notation: 7020 -> '7,020', 0.0123 -> '0.0123'."""
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
 
 
 def _plain_log_axis(axis) -> None:

@@ -23,6 +23,17 @@ from dataclasses import dataclass
 ALPHA = 0.05  # the error rate a verdict states: 1 in 20 "differs" is a false alarm
 
 
+def plain_number(value: float, _pos=None) -> str:
+    """3 significant digits without scientific notation: 7020 -> '7,020', 0.0123 -> '0.0123'.
+
+    (`_pos` lets matplotlib use it as a tick formatter.)"""
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
 def median(values: list[float]) -> float:
     data = sorted(values)
     n = len(data)
@@ -106,9 +117,10 @@ class Verdict:
 
     def __str__(self) -> str:
         b, a = median(list(self.before)), median(list(self.after))
+        n = plain_number
         where = (
-            f"{self.name}: before {b:.3g} {self.unit} (runs {min(self.before):.3g}-{max(self.before):.3g}), "
-            f"after {a:.3g} {self.unit} (runs {min(self.after):.3g}-{max(self.after):.3g}), "
+            f"{self.name}: before {n(b)} {self.unit} (runs {n(min(self.before))}-{n(max(self.before))}), "
+            f"after {n(a)} {self.unit} (runs {n(min(self.after))}-{n(max(self.after))}), "
             f"{len(self.before)} vs {len(self.after)} runs"
         )
         lo, hi = self.interval
