@@ -36,8 +36,14 @@ from roseinfer.bench.engine_compare import (
     roofline,
     summarize_engine,
 )
-from roseinfer.bench.peer_models import ct2_model, gguf_model, make_hf_weights
-from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, run_engine
+from roseinfer.bench.peer_models import (
+    add_weights_arguments,
+    ct2_model,
+    gguf_model,
+    make_hf_weights,
+    weights_cache,
+)
+from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, installed, run_engine
 from roseinfer.bench.results import make_result, read_json, results_dir, write_json
 from roseinfer.config import PRESETS
 
@@ -46,24 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
-    p.add_argument(
-        "--preset", default="gpt2", choices=sorted(PRESETS), help="architecture of the random weights"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the workloads")
-    p.add_argument(
-        "--projection-scale",
-        type=float,
-        default=3.0,
-        help="scales the random projections so greedy decoding does not repeat one token (see peer_models)",
-    )
+    add_weights_arguments(p, PEERS_DIR)
     p.add_argument("--num-requests", type=int, default=32, help="requests in the fixed and mixed workloads")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap every output length (quick runs)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat-runs", type=int, default=3)
-    p.add_argument("--peers-dir", type=Path, default=PEERS_DIR, help="where `make peers` put the virtualenvs")
-    p.add_argument(
-        "--weights-dir", type=Path, default=None, help="cache of the weights (default: under peers-dir)"
-    )
     p.add_argument("--output-json", default=None)
     p.add_argument("--plot-only", default=None, help="redraw the PNG of this result file, run nothing")
     return p
@@ -195,18 +188,8 @@ def main(argv=None) -> int:
     if args.plot_only:
         plot(read_json(args.plot_only)["metrics"], Path(args.plot_only).with_suffix(".png"))
         return 0
-    engines, skipped = [], {}
-    for name in args.engines:
-        why = ENGINES[name].missing(args.peers_dir)
-        if why:
-            print(f"skipping {name}: {why}")
-            skipped[name] = why
-        else:
-            engines.append(ENGINES[name])
-    weights = (
-        args.weights_dir
-        or args.peers_dir / "weights" / f"{args.preset}-seed{args.seed}-x{args.projection_scale:g}"
-    )
+    engines, skipped = installed(ENGINES, args.engines, args.peers_dir)
+    weights = weights_cache(args)
     paths, unconverted = model_paths(engines, args, weights)
     for name, why in unconverted.items():
         print(f"skipping {name}: {why}")

