@@ -131,36 +131,90 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+SAMPLING_CHUNK = 1024  # tokens per chunk of the two-level lookup in inverse_cdf_sample
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `probs` [rows, vocab] (not necessarily normalized), drawn from that row.
+
+    One uniform number u per row picks the token whose share of the row's
+    running sum covers u times the row's total. A row with a generator (a
+    seeded request) draws its u from it, so its tokens do not depend on the
+    rest of the batch.
+
+    Why not an exponential race (argmax of p / E, one E ~ Exp(1) per token)?
+    It draws a random number for each of GPT-2's 50,257 tokens, every row,
+    every step: 12 ms a step for 16 rows on a 2-core CPU, a third of the
+    forward pass. This draws one number a row.
+
+    The lookup has two levels, so every running sum is short and kept in
+    float64: first the chunk of SAMPLING_CHUNK tokens (a running sum over
+    ~50 chunk totals), then the token inside that chunk (a running sum over
+    its 1,024 probabilities). One float32 running sum over the whole
+    vocabulary would be as fast, but there a token below half a float32 step
+    of the sum so far (3e-8 near the end) would add nothing and never be drawn.
+    """
+    rows, vocab = probs.shape
+    device = probs.device
+    uniform = torch.rand(rows, 1, device=device, dtype=torch.float64)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            uniform[row] = torch.rand(1, generator=generator, device=device, dtype=torch.float64)
+    # Level 1: which chunk. The last chunk may be shorter than the others.
+    full = vocab - vocab % SAMPLING_CHUNK
+    chunk_totals = probs[:, :full].reshape(rows, -1, SAMPLING_CHUNK).sum(-1).to(torch.float64)
+    if full < vocab:
+        tail = probs[:, full:].sum(-1, keepdim=True).to(torch.float64)
+        chunk_totals = torch.cat([chunk_totals, tail], dim=1)
+    chunk_cdf = chunk_totals.cumsum(dim=-1)
+    target = uniform * chunk_cdf[:, -1:]
+    chunk = first_index_above(chunk_cdf, target)
+    # Level 2: which token of that chunk, with what is left of the target once the chunks before it are passed.
+    remainder = target - (chunk_cdf - chunk_totals).gather(1, chunk)
+    ids = chunk * SAMPLING_CHUNK + torch.arange(SAMPLING_CHUNK, device=device)
+    in_chunk = probs.gather(1, ids.clamp(max=vocab - 1)).to(torch.float64).masked_fill(ids >= vocab, 0.0)
+    return (chunk * SAMPLING_CHUNK + first_index_above(in_chunk.cumsum(dim=-1), remainder)).squeeze(1)
+
+
+def first_index_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose running sum exceeds the target: an index of nonzero probability.
+
+    Rounding can put the target at or past the row's total; then the index is
+    the last one with any probability (the first that reaches the total).
+    """
+    picked = torch.searchsorted(cdf, target, right=True)
+    return torch.minimum(picked, torch.searchsorted(cdf, cdf[:, -1:].contiguous()))
+
+
 class Sampler:
     """Picks the next token of every row; greedy rows take the argmax."""
 
     def __call__(
         self,
-        logits: torch.Tensor,
+        logits: torch.Tensor,  # [rows, vocab]; overwritten when every row samples
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> torch.Tensor:
         logits = logits.float()  # sample in fp32 whatever the model's dtype
-        greedy_tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled_rows:
-            return greedy_tokens
+            return logits.argmax(dim=-1)
         device = logits.device
-        rows = torch.tensor(sampled_rows, device=device)
-        sub = logits[rows] / torch.tensor(
-            [params[i].temperature for i in sampled_rows], device=device
-        ).unsqueeze(1)
+        everyone = len(sampled_rows) == len(params)
+        rows = None if everyone else torch.tensor(sampled_rows, device=device)
+        # In place from here on, on `logits` itself when every row samples (the caller's fresh
+        # tensor), else on a copy of the sampled rows: a new [rows, vocab] tensor at each of the
+        # three steps below would cost more in page faults than the arithmetic (1.5 ms at 16 rows).
+        sub = logits if everyone else logits[rows]
+        sub.div_(torch.tensor([params[i].temperature for i in sampled_rows], device=device).unsqueeze(1))
         if any(params[i].top_k > 0 or params[i].top_p < 1.0 for i in sampled_rows):
             top_k = torch.tensor([params[i].top_k for i in sampled_rows], device=device)
             top_p = torch.tensor([params[i].top_p for i in sampled_rows], device=device)
             sub = apply_top_k_top_p(sub, top_k, top_p)
-        probs = sub.softmax(dim=-1)
-        # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p,
-        # and lets each seeded row use its own generator for its own noise.
-        noise = torch.empty_like(probs).exponential_()
-        for j, i in enumerate(sampled_rows):
-            if generators[i] is not None:
-                noise[j].exponential_(generator=generators[i])
-        noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # a zero draw would make 0/0 = NaN
-        sampled = (probs / noise).argmax(dim=-1)
+        # exp(logit - max): the softmax's numerator. inverse_cdf_sample needs no normalized rows.
+        weights = sub.sub_(sub.amax(dim=-1, keepdim=True)).exp_()
+        sampled = inverse_cdf_sample(weights, [generators[i] for i in sampled_rows])
+        if everyone:
+            return sampled
+        greedy_tokens = logits.argmax(dim=-1)
         return greedy_tokens.index_put((rows,), sampled)

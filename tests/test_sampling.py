@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from roseinfer import SamplingParams
-from roseinfer.sampling import Sampler, apply_top_k_top_p
+from roseinfer.sampling import (
+    SAMPLING_CHUNK,
+    Sampler,
+    apply_top_k_top_p,
+    first_index_above,
+    inverse_cdf_sample,
+)
 
 NEG = float("-inf")
 
@@ -71,6 +77,32 @@ def test_seeded_sampling_is_reproducible_and_batch_independent():
     assert draw(7, [0]) != draw(8, [0])
     # Row 0 alone and row 0 inside a batch draw the same tokens with the same seed.
     assert [d[0] for d in draw(7, [0, 1, 2])] == [d[0] for d in draw(7, [0])]
+
+
+def test_inverse_cdf_sample_matches_a_float64_lookup_on_the_same_draw():
+    torch.manual_seed(0)
+    rows, vocab = 48, 3 * SAMPLING_CHUNK + 5  # the last chunk is short
+    probs = (torch.randn(rows, vocab) * 4).softmax(dim=-1)
+    probs[::4, SAMPLING_CHUNK : 2 * SAMPLING_CHUNK] = 0.0  # a whole chunk without mass
+    probs[1::4] *= 1e-3  # rows need not be normalized
+    probs[2::4, ::2] = 1e-9  # many tiny tokens
+    got = inverse_cdf_sample(probs, [torch.Generator().manual_seed(row) for row in range(rows)])
+    for row in range(rows):
+        u = torch.rand(1, generator=torch.Generator().manual_seed(row), dtype=torch.float64)
+        cdf = probs[row].double().cumsum(0)
+        assert got[row] == torch.searchsorted(cdf, u * cdf[-1], right=True).item()
+        assert probs[row, got[row]] > 0
+
+
+def testfirst_index_above_never_lands_on_a_token_without_probability():
+    cdf = torch.tensor([[0.0, 0.2, 0.2, 0.7, 1.0, 1.0]], dtype=torch.float64)
+    picks = [
+        first_index_above(cdf, torch.tensor([[t]], dtype=torch.float64)).item()
+        for t in (0.0, 0.2, 0.69, 1.0, 1.5)
+    ]
+    # 0 -> the first token with mass; 0.2 skips the empty token 2; a target at or past the total
+    # (rounding) takes the last token with mass, not the empty tail.
+    assert picks == [1, 3, 3, 4, 4]
 
 
 def test_sampling_follows_the_distribution():

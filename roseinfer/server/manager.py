@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.engine.engine import InferenceEngine
+from roseinfer.engine.openmp import release_openmp_workers
 from roseinfer.engine.scheduler import OnlineScheduler
 from roseinfer.engine.sequence import RequestMetrics
 from roseinfer.sampling import SamplingParams
@@ -94,6 +95,12 @@ class StreamingFrontend:
             if tokenize_workers > 0
             else None
         )
+        # Steps run in other threads than this one: free this thread's OpenMP pool, so that
+        # libgomp does not throttle the stepping thread's workers (roseinfer.engine.openmp).
+        release_openmp_workers()
+        # The detokenizer's id -> bytes table is built on first use (~45 ms of Python for
+        # GPT-2's 50,257 tokens): build it now, not while the first request waits for its token.
+        engine.tokenizer.token_bytes(0)
 
     def submit(
         self,
