@@ -166,6 +166,40 @@ def compare_served_section(results: Path) -> str:
     return "\n\n".join(parts) or "_no results yet: run the command above_"
 
 
+def served_levers_section(results: Path) -> str:
+    """The two changes behind the served figures, from benchmark_sampler and benchmark_worker_thread."""
+    parts = []
+    for path in sorted(results.glob("*/sampler.json")):
+        r = read_json(path)
+        rows = [
+            f"{x['rows']} rows: {_fmt(x['exponential_race_us'])} µs → {_fmt(x['inverse_cdf_us'])} µs"
+            for x in r["metrics"]["rows"]
+        ]
+        at16 = next((x for x in r["metrics"]["rows"] if x["rows"] == 16), r["metrics"]["rows"][0])
+        parts.append(
+            f"*Drawing sampled tokens* ({r['device_name']}, {r['date'][:10]}, `python benchmarks/benchmark_sampler.py`): "
+            f"an exponential race draws one random number per vocabulary entry, {at16['rows']} × 50,257 = "
+            f"{at16['rows'] * 50257:,} of them at {at16['race_ns_per_draw']:.0f} ns each for {at16['rows']} rows; "
+            f"the inverse-CDF lookup draws one per row. Medians of interleaved runs: " + "; ".join(rows) + "."
+        )
+    for path in sorted(results.glob("*/worker_thread.json")):
+        r = read_json(path)
+        rows = [
+            f"batch {x['batch']}: {x['main_thread_ms']:.1f} ms in the main thread, {x['worker_thread_ms']:.1f} in the "
+            f"worker ({x['worker_over_main']:.2f}×), {x['worker_thread_released_ms']:.1f} once the main thread's pool "
+            f"is freed ({x['released_over_main']:.2f}×)"
+            for x in r["metrics"]["rows"]
+        ]
+        c = r["config"]
+        parts.append(
+            f"*Where the step runs* ({r['device_name']}, {c['model']} {c['dtype']}, {r['date'][:10]}, "
+            f"`python benchmarks/benchmark_worker_thread.py`, medians of {c['rounds']} interleaved fresh processes): "
+            + "; ".join(rows)
+            + "."
+        )
+    return "\n\n".join(parts) or "_no results yet: run the commands above_"
+
+
 def serving_section(results: Path) -> str:
     rows = []
     for path in sorted(results.glob("*/serving-sweep.json")):
@@ -187,7 +221,11 @@ def serving_section(results: Path) -> str:
 
 def _noise(before, after) -> str:
     """What the notebooks' rank test says of the runs, when it cannot call a difference."""
-    return "" if verdict("", before, after, "", higher_is_better=True).significant else " (no difference the rank test can show)"
+    return (
+        ""
+        if verdict("", before, after, "", higher_is_better=True).significant
+        else " (no difference the rank test can show)"
+    )
 
 
 def _headline(name: str, m: dict) -> str:
@@ -242,8 +280,13 @@ def _headline(name: str, m: dict) -> str:
         b = min(r[2] for r in rows)
         eager, compiled = rows[("gpt2", "eager", b)], rows[("gpt2", "compiled", b)]
         v = verdict("", eager, compiled, "ms", higher_is_better=False)
-        said = (f"{v.ratio:.2f}x faster" if v.better else f"{1 / v.ratio:.2f}x slower" if v.worse
-                else "no difference the rank test can show")
+        said = (
+            f"{v.ratio:.2f}x faster"
+            if v.better
+            else f"{1 / v.ratio:.2f}x slower"
+            if v.worse
+            else "no difference the rank test can show"
+        )
         return (
             f"gpt2 decode step at batch {b}: eager {median(eager):.2f} → compiled {median(compiled):.2f} ms "
             f"({said}); compiling took {m['compile_s']['gpt2']:.1f} s"
@@ -298,7 +341,11 @@ NOTEBOOKS = [
         "nb08_paged_attention",
         "gather + SDPA → a kernel reading the block table (C on CPU, Triton on GPU)",
     ),
-    ("09_cuda_graphs", "nb09_compiled_decode", "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)"),
+    (
+        "09_cuda_graphs",
+        "nb09_compiled_decode",
+        "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)",
+    ),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
     (
         "11_final_server",
@@ -323,6 +370,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "batching": batching_section,
     "compare_engines": compare_engines_section,
     "compare_served": compare_served_section,
+    "served_levers": served_levers_section,
     "compare_hf": compare_hf_section,
     "notebooks": notebooks_section,
     "serving": serving_section,
