@@ -24,6 +24,9 @@ def test_five_fully_separated_runs_a_side_are_a_difference():
 def test_lower_is_better_and_overlap():
     slower = verdict("t", [1.0, 1.1, 1.05, 1.02, 1.08], [2.0, 2.1, 2.05, 2.02, 2.08], "ms", higher_is_better=False)
     assert slower.worse and "worse" in str(slower)
+    # The interval is of the same "N x worse" as the headline, not of its inverse.
+    lo, hi = slower.interval
+    assert f"how many times worse {1 / hi:.2f}-{1 / lo:.2f}x" in str(slower) and 1 / hi > 1
     mixed = verdict("t", [1, 3, 5, 7, 9], [2, 4, 6, 8, 10], "ms", higher_is_better=False)
     assert not mixed.significant and "No difference" in str(mixed)
 

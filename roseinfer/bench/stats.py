@@ -128,8 +128,11 @@ class Verdict:
         if not self.significant:
             return (f"{where}. No difference this data can show: rank test p = {self.p_value:.2g} "
                     f"(needs < {ALPHA}), {spread}.")
-        word = "better" if self.ratio > 1 else "worse"
-        shown = self.ratio if self.ratio >= 1 else 1 / self.ratio
+        if self.ratio >= 1:
+            word, shown = "better", self.ratio
+        else:  # say "N x worse", and give the interval of that same N
+            word, shown = "worse", 1 / self.ratio
+            spread = f"95% interval of how many times worse {1 / hi:.2f}-{1 / lo:.2f}x" if lo > 0 else spread
         return (f"{where}. After is {shown:.2f}x {word} (rank test p = {self.p_value:.2g}, "
                 f"a {ALPHA:.0%} false-alarm rate; {spread}).")
 
