@@ -21,18 +21,34 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 logger = logging.getLogger("roseinfer.engine")
 
 OMP_PAUSE_HARD = 2  # omp_pause_resource_t: free the threads, not just park them
 
 
+def _loaded_libgomp() -> str:
+    """The libgomp torch runs on: the mapped copy's path (wheels may rename it), else its soname.
+
+    A dlopen of a library already loaded returns that same library, pools and
+    all; a fresh copy would have no pools, and pausing it would free nothing.
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith("libgomp"):
+                    return path
+    except OSError:
+        pass
+    return "libgomp.so.1"
+
+
 def release_openmp_workers() -> bool:
     """Free the calling thread's OpenMP worker pool; False where the runtime cannot (nothing changes)."""
     try:
-        # By its soname: the copy torch has already loaded, when it has (a dlopen of a loaded
-        # soname returns that library). Otherwise a fresh copy with no pools, where this is a no-op.
-        runtime = ctypes.CDLL("libgomp.so.1")
+        runtime = ctypes.CDLL(_loaded_libgomp())
         pause = runtime.omp_pause_resource_all
     except (OSError, AttributeError):  # no libgomp (macOS, another OpenMP), or one older than OpenMP 5
         return False
