@@ -71,6 +71,16 @@ class StepRecord:
     end_s: float
     rows: int  # entries in the batch the runner computed
     sampled: int  # of which sampled a token (every row of a decode step)
+    tokens: int = 0  # tokens fed in: more than `rows` when some row carries prompt tokens
+
+    @property
+    def has_prompt(self) -> bool:
+        """A step that computes prompt tokens (prefill); a pure decode step feeds one token per row."""
+        return self.tokens > self.rows
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
 
 
 @dataclass
@@ -87,6 +97,7 @@ class ArrivalRun:
     token_ids: list[list[int]]
     steps: list[StepRecord]
     useful_rows: list[int]  # per step, rows that belonged to a request not yet finished
+    wall_s: float = 0.0  # the whole serving loop, scheduler's Python between steps included
 
     @property
     def queue_wait_steps(self) -> list[int]:
@@ -101,9 +112,25 @@ class ArrivalRun:
         return [(f - a) * 1000 for f, a in zip(self.first_token_s, self.arrival_s)]
 
     @property
+    def model_s(self) -> float:
+        """Time inside runner.execute only: the forward passes and sampling."""
+        return sum(s.seconds for s in self.steps)
+
+    @property
     def output_tok_s(self) -> float:
-        """Tokens over the time spent stepping (idle gaps between arrivals are skipped, not waited)."""
-        return sum(map(len, self.token_ids)) / sum(s.end_s - s.start_s for s in self.steps)
+        """Tokens over the time spent in the model's steps (idle gaps between arrivals are skipped,
+        not waited; the scheduler's work between steps is not counted: see wall_tok_s)."""
+        return sum(map(len, self.token_ids)) / self.model_s
+
+    @property
+    def wall_tok_s(self) -> float:
+        """Tokens over the serving loop's wall time: model steps plus the bookkeeping between them."""
+        return sum(map(len, self.token_ids)) / self.wall_s
+
+    @property
+    def bookkeeping_fraction(self) -> float:
+        """Share of the loop's wall time spent outside the model (scheduling, admission, outputs)."""
+        return 1 - self.model_s / self.wall_s
 
     @property
     def wasted_rows(self) -> int:
@@ -125,7 +152,7 @@ class ArrivalRun:
         return denied
 
 
-class _StepClock:
+class StepClock:
     """Wraps the runner's execute for one run: records every forward step, and counts them as time."""
 
     def __init__(self, runner) -> None:
@@ -141,14 +168,14 @@ class _StepClock:
         done = step - self.skipped
         return self.steps[done - 1].end_s if done > 0 else 0.0
 
-    def __enter__(self) -> _StepClock:
+    def __enter__(self) -> StepClock:
         original = self.runner.execute
 
         def execute(batch):
             start = time.perf_counter() - self.t0
             out = original(batch)
-            sampled = sum(e.sample for e in batch)
-            self.steps.append(StepRecord(start, time.perf_counter() - self.t0, len(batch), sampled))
+            sampled, tokens = sum(e.sample for e in batch), sum(len(e.token_ids) for e in batch)
+            self.steps.append(StepRecord(start, time.perf_counter() - self.t0, len(batch), sampled, tokens))
             return out
 
         self.runner.execute = execute  # an instance attribute: the class's method is untouched
@@ -168,7 +195,7 @@ def serve_static(
     tokens: list[list[int]] = [[] for _ in range(n)]
     useful: list[int] = []
     arrived, queue = 0, []  # requests are in arrival order
-    with _StepClock(engine.runner) as clock:
+    with StepClock(engine.runner) as clock:
         while arrived < n or queue:
             while arrived < n and arrival_step[arrived] <= clock.now:
                 queue.append(arrived)
@@ -189,6 +216,7 @@ def serve_static(
                 tokens[i], start_step[i] = out, group_start
                 start[i], first[i] = steps[0].start_s, steps[0].end_s
                 finish[i] = steps[len(out) - 1].end_s  # its own last token; its row runs on after
+        wall = time.perf_counter() - clock.t0
     arrival_s = [clock.seconds_at(a) for a in arrival_step]
     return ArrivalRun(
         batch_size,
@@ -201,6 +229,7 @@ def serve_static(
         tokens,
         clock.steps,
         useful,
+        wall,
     )
 
 
@@ -212,7 +241,7 @@ def serve_continuous(
     scheduler = OnlineScheduler(engine, max_batch_size=batch_size, enable_prefix_cache=False)
     rids: list[int] = []
     start_step: list[int | None] = [None] * n
-    with _StepClock(engine.runner) as clock:
+    with StepClock(engine.runner) as clock:
         while len(rids) < n or scheduler.has_unfinished():
             while len(rids) < n and arrival_step[len(rids)] <= clock.now:
                 i = len(rids)
@@ -227,6 +256,7 @@ def serve_continuous(
             for i, rid in enumerate(rids):  # a request has started once it took part in a step
                 if start_step[i] is None and scheduler.get_step_count(rid) > 0:
                     start_step[i] = step
+        wall = time.perf_counter() - clock.t0
     outs = [scheduler.pop_response(r) for r in rids]
     # Every row the scheduler computes belongs to a live request: a finished one has left the batch.
     useful = [s.rows for s in clock.steps]
@@ -243,4 +273,5 @@ def serve_continuous(
         [o.token_ids for o in outs],
         clock.steps,
         useful,
+        wall,
     )
