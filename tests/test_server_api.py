@@ -353,18 +353,21 @@ def test_disconnect_mid_stream_frees_everything(server):
     assert metric(server, "roseinfer:kv_cache_usage_perc") == 0
 
 
-def test_disconnect_during_a_non_streaming_request_aborts_it(server):
-    manager = server.manager
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            server.base_url + "/v1/completions",
-            json={"model": MODEL, "prompt": "x", "max_tokens": 250, "ignore_eos": True},
-            timeout=0.2,
-        )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and manager.stats()["inflight_requests"]:
-        time.sleep(0.05)
-    assert manager.stats()["inflight_requests"] == 0
+def test_disconnect_during_a_non_streaming_request_aborts_it(hf_tiny_dir):
+    # Slowed to 20 ms a step, so that 250 tokens (5 s) surely outlast the client's 0.2 s timeout.
+    engine = slowed_down(InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=128), 0.02)
+    with make_server(engine) as live:
+        manager = live.manager
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                live.base_url + "/v1/completions",
+                json={"model": MODEL, "prompt": "x", "max_tokens": 250, "ignore_eos": True},
+                timeout=0.2,
+            )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and manager.stats()["inflight_requests"]:
+            time.sleep(0.05)
+        assert manager.stats()["inflight_requests"] == 0
 
 
 def test_overload_gets_429(hf_tiny_dir):
