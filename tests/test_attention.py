@@ -102,7 +102,7 @@ def test_paged_equals_contiguous(case, block_size, backend):
     assert (out.double() - expected).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("backend, case", [("torch", "mixed"), ("cpu", "decode")])
+@pytest.mark.parametrize("backend, case", [("torch", "mixed"), ("cpu", "decode"), ("cpu", "mixed")])
 def test_new_tokens_are_written_to_their_slots(backend, case):
     q, k, v, k_cache, v_cache, meta, _ = build_case(CASES[case], 8)
     BACKENDS[backend]().forward(q, k, v, k_cache, v_cache, meta, 1.0)
@@ -110,7 +110,7 @@ def test_new_tokens_are_written_to_their_slots(backend, case):
     assert torch.equal(v_cache.view(-1, 4, 16)[meta.slot_mapping], v)
 
 
-def test_the_cpu_backend_runs_decode_steps_through_the_fused_kernel(monkeypatch):
+def test_the_cpu_backend_runs_decode_and_short_prompt_steps_through_the_fused_kernel(monkeypatch):
     backend = CpuPagedAttention(num_threads=2)
     assert backend.fused, "a C compiler is on every machine the tests run on"
     calls = []
@@ -121,7 +121,12 @@ def test_the_cpu_backend_runs_decode_steps_through_the_fused_kernel(monkeypatch)
     assert not calls  # decode: the kernel
     q, k, v, k_cache, v_cache, meta, _ = build_case(CASES["mixed"], 16)
     backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
-    assert calls  # mixed: the reference
+    assert not calls  # prompt chunks up to PREFILL_MAX_QUERY tokens: the kernel, a query token at a time
+    long_chunk = cpu_attention.PREFILL_MAX_QUERY + 1
+    q, k, v, k_cache, v_cache, meta, seqs = build_case([(long_chunk + 3, long_chunk), (9, 1)], 16)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
+    assert calls  # a longer chunk: SDPA
+    assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -6,13 +6,10 @@ would first gather every sequence's context into a new tensor and then read
 that copy (three passes over the context instead of one). Prefills and mixed
 steps keep the reference path, whose cost is dominated by the projections.
 
-The kernel is plain C, compiled at first use with the machine's C compiler
-(`cc -O3 -march=native -fopenmp`, about a second) into a cache keyed by the
-source, the flags, the compiler and the CPU, and loaded with ctypes. Its
-OpenMP loop runs on torch's own worker threads (the library resolves
-libgomp.so.1 to the copy torch has loaded), which are still spinning from the
-projection before it: a pool of our own would fight them for the cores. A
-step big enough to be worth it is cut by sequences, or at batch 1 by heads.
+The kernel is plain C, compiled at first use by `cpu_build` and loaded with
+ctypes. Its OpenMP loop runs on torch's own worker threads, which are still
+spinning from the projection before it. A step big enough to be worth it is
+cut by sequences, or at batch 1 by heads.
 Where no compiler is found or the build fails, the backend says so once in
 the log and every step takes the reference path: slower, never wrong; a
 compiler without OpenMP gives a one-thread kernel.
@@ -22,88 +19,26 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention
+from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention, write_kv
+from roseinfer.model.cpu_build import KERNELS_DIR, load_kernel_library
 
-logger = logging.getLogger("roseinfer.model")
-
-SOURCE = Path(__file__).with_name("cpu_kernels") / "paged_decode.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-# A compiler without OpenMP (clang without libomp) still vectorizes the loops; the step then runs
-# on one thread.
-SINGLE_THREAD_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
+SOURCE = KERNELS_DIR / "paged_decode.c"
 KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+# Prompts (chunks) up to this many new tokens go through the kernel too (see prefill()); longer
+# ones through SDPA, whose tiles beat re-reading the context once a query token.
+PREFILL_MAX_QUERY = 128
 SPLIT_ABOVE_ROW_TOKENS = 4096  # (sequences x context x heads) below which one thread does the whole step
-
-
-def kernel_cache_dir() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "roseinfer" / "kernels"
-    return Path(os.environ.get("ROSEINFER_KERNEL_CACHE", default))
-
-
-def _cpu_signature() -> str:
-    """What -march=native compiles for: the CPU's model and feature flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
-        return "\n".join(dict.fromkeys(lines))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _build(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
-    """The kernel library built with `flags`, from the cache when this exact build was made before."""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_signature()]).encode())
-    path = kernel_cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            built = Path(tmp) / path.name
-            subprocess.run(
-                [compiler, *flags, "-o", str(built), str(SOURCE), "-lm"],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            os.replace(built, path)  # atomic: a concurrent builder finds a whole file or none
-    return path
 
 
 @functools.cache
 def load_paged_decode_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, building it if needed; None (and one log line) if it cannot be."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        logger.warning("roseinfer: no C compiler found; CPU decode attention takes the torch path")
+    lib = load_kernel_library(SOURCE, "CPU decode attention", "the torch path")
+    if lib is None:
         return None
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("roseinfer: the C compiler %s does not run (%s); torch path", compiler, exc)
-        return None
-    errors = []
-    for flags in (FLAGS, SINGLE_THREAD_FLAGS):
-        try:
-            lib = ctypes.CDLL(str(_build(compiler, version, flags)))
-            break
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append(str(getattr(exc, "stderr", "") or exc).strip())
-    else:
-        logger.warning("roseinfer: the CPU decode attention kernel did not build (%s); torch path", errors)
-        return None
-    if flags is not FLAGS:
-        logger.warning("roseinfer: no OpenMP in %s; the CPU decode attention runs on one thread", compiler)
     for name in KERNELS.values():
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
@@ -175,19 +110,23 @@ class CpuPagedAttention(TorchPagedAttention):
         scale: float,
     ) -> torch.Tensor:
         fits = (
-            query.device.type == "cpu"
+            self.kernel is not None
+            and query.device.type == "cpu"
             and query.dtype in KERNELS
             and k_cache.is_contiguous()
             and k_cache.shape[1] <= self.max_block_size
             and query.shape[-1] <= self.max_span
         )
-        if self.kernel is None or not meta.is_decode_only or not fits:
-            return super().forward(query, key, value, k_cache, v_cache, meta, scale)
-        if torch.compiler.is_compiling():  # one opaque operator for torch.compile: see cpu_decode_attention
-            return torch.ops.roseinfer.cpu_decode_attention(
-                query, key, value, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, scale
-            )
-        return self.decode(query, k_cache, v_cache, meta, scale, key, value)
+        if fits and meta.is_decode_only:
+            if torch.compiler.is_compiling():  # one opaque operator for torch.compile: see cpu_decode_attention
+                return torch.ops.roseinfer.cpu_decode_attention(
+                    query, key, value, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens,
+                    scale,
+                )
+            return self.decode(query, k_cache, v_cache, meta, scale, key, value)
+        if fits and meta.max_query_len <= PREFILL_MAX_QUERY and not torch.compiler.is_compiling():
+            return self.prefill(query, key, value, k_cache, v_cache, meta, scale)
+        return super().forward(query, key, value, k_cache, v_cache, meta, scale)
 
     def decode(
         self,
@@ -204,19 +143,66 @@ class CpuPagedAttention(TorchPagedAttention):
         With `key` and `value` the step's new K/V are first written at meta.slot_mapping, by the
         kernel; without, they must already be in the cache.
         """
-        new = [query] if key is None else [query, key, value]
-        if not _shares_token_layout(new):
-            new = [t.contiguous() for t in new]
-        query = new[0]
-        out = torch.empty(query.shape, dtype=query.dtype)
-        num_seqs, heads, head_dim = query.shape
         # The kernel reads int32 tables and int64 slots; convert once a forward, not once a layer.
         state = meta.backend_state
         if "cpu_tables" not in state:
             state["cpu_tables"] = meta.block_tables.to(torch.int32).contiguous()
             state["cpu_lens"] = meta.context_lens.to(torch.int32).contiguous()
             state["cpu_slots"] = meta.slot_mapping.to(torch.int64).contiguous()
-        tables, lens, slots = state["cpu_tables"], state["cpu_lens"], state["cpu_slots"]
+        return self._attend(query, k_cache, v_cache, state["cpu_tables"], state["cpu_lens"], meta.max_context_len,
+                            scale, key, value, state["cpu_slots"])
+
+    def prefill(
+        self,
+        query: torch.Tensor,  # [T, H, D]: the step's new tokens, packed sequence after sequence
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """A step with prompt tokens through the same kernel: each new token is a query of its own.
+
+        Causal attention means the token at position p sees the cached tokens 0..p of its
+        sequence, exactly what a decode step of a sequence whose context ends at p computes. So
+        every new token becomes one "sequence" for the kernel, with its own sequence's block
+        table and context length p + 1, once the step's keys and values are all in the cache.
+        A prompt of n tokens reads n(n+1)/2 cached tokens this way, against SDPA's tiles: cheap
+        for the short prompts (up to PREFILL_MAX_QUERY tokens) where SDPA's fixed costs dominate.
+        """
+        write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        state = meta.backend_state
+        if "cpu_token_tables" not in state:
+            starts = meta.query_start_loc.to(torch.int64)
+            query_lens = starts[1:] - starts[:-1]
+            seq = torch.repeat_interleave(torch.arange(meta.num_seqs), query_lens)  # each token's sequence
+            # position + 1 = what is cached after the step - the tokens of the step after this one
+            lens = meta.context_lens.to(torch.int64)[seq] - (starts[1:][seq] - torch.arange(query.shape[0])) + 1
+            state["cpu_token_tables"] = meta.block_tables.to(torch.int32)[seq].contiguous()
+            state["cpu_token_lens"] = lens.to(torch.int32)
+        return self._attend(query, k_cache, v_cache, state["cpu_token_tables"], state["cpu_token_lens"],
+                            meta.max_context_len, scale)
+
+    def _attend(
+        self,
+        query: torch.Tensor,  # [S, H, D]: one query token a "sequence"
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        tables: torch.Tensor,  # [S, max_blocks] int32
+        lens: torch.Tensor,  # [S] int32: the context each query attends to
+        max_context_len: int,
+        scale: float,
+        key: torch.Tensor | None = None,  # [S, H, D]: new K/V the kernel writes at `slots` first
+        value: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        new = [query] if key is None else [query, key, value]
+        if not _shares_token_layout(new):
+            new = [t.contiguous() for t in new]
+        query = new[0]
+        out = torch.empty(query.shape, dtype=query.dtype)
+        num_seqs, heads, head_dim = query.shape
         kernel = getattr(self.kernel, KERNELS[query.dtype])
         fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
         new_kv = (new[1].data_ptr(), new[2].data_ptr(), slots.data_ptr()) if key is not None else (None, None, None)
@@ -226,7 +212,7 @@ class CpuPagedAttention(TorchPagedAttention):
 
         # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
         # steps (a few short contexts) run on this thread alone.
-        work = num_seqs * meta.max_context_len * heads
+        work = num_seqs * max_context_len * heads
         threads = self.num_threads if work >= SPLIT_ABOVE_ROW_TOKENS else 1
         seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
         status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
