@@ -81,3 +81,21 @@ def test_onednn_can_be_chosen_for_bf16(monkeypatch):
     x = torch.randn(3, 64).bfloat16()
     expected = reference(x, weight, bias, "gelu_tanh")
     assert ((layer(x).double() - expected).abs() <= 2**-7 * expected.abs() + 2e-3).all()
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize("cols", [50257, 31, 64, 33])
+def test_bf16_argmax_equals_torch_on_ties_negatives_and_nan(cols):
+    torch.manual_seed(cols)
+    cases = [
+        torch.randn(5, cols) * 10,
+        torch.randn(5, cols) * 0.01 - 5,  # all negative: the masked tail must not win
+        torch.full((3, cols), -3.0),  # all tied: the first index
+    ]
+    with_nan = torch.randn(2, cols)
+    with_nan[1, cols // 2] = float("nan")  # torch picks a NaN
+    cases.append(with_nan)
+    for logits in cases:
+        logits = logits.bfloat16()
+        assert torch.equal(packed_linear.argmax_bf16(logits), logits.float().argmax(dim=-1))
+    assert packed_linear.argmax_bf16(torch.randn(2, cols)) is None  # fp32: torch's own argmax

@@ -55,6 +55,8 @@ def load_bf16_linear_kernel() -> ctypes.CDLL | None:
     if lib is None or not lib.linear_bf16_supported():
         return None
     assert lib.linear_bf16_panel_columns() == PANEL_COLUMNS, "linear_bf16.c and packed_linear.py disagree"
+    lib.argmax_bf16.restype = None
+    lib.argmax_bf16.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
     lib.linear_bf16.restype = ctypes.c_int
     lib.linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p] + [ctypes.c_int64] * 4
@@ -96,6 +98,19 @@ def bf16_linear(
     if status:
         raise ValueError(f"linear_bf16 failed (status {status}) on x {tuple(x.shape)}")
     return y
+
+
+def argmax_bf16(logits: torch.Tensor) -> torch.Tensor | None:
+    """Each row's argmax of CPU bf16 logits [rows, vocab] by the kernel library, or None where it cannot."""
+    if logits.dtype != torch.bfloat16 or logits.device.type != "cpu" or logits.stride(-1) != 1:
+        return None
+    lib = load_bf16_linear_kernel()
+    if lib is None:
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    lib.argmax_bf16(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr(),
+                    torch.get_num_threads())
+    return out
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -135,8 +135,49 @@ int linear_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *packed, con
     }
     return 0;
 }
+/* The greedy pick over bf16 logits: each row's index of its largest value (the first, on ties).
+ * torch's argmax on bf16 is a slow scalar loop, and widening the logits to fp32 first moves
+ * 3x the bytes. bf16 values compare in the order of a 16-bit key: the bits with the sign bit set
+ * for positives, all bits flipped for negatives; a NaN of either sign gets the top key, so it is
+ * picked, as torch picks it. Two passes over a row (the max, then its first index), the second from L2. */
+static inline __m512i order_keys(__m512i b) {
+    const __m512i sign = _mm512_set1_epi16((short)0x8000);
+    const __mmask32 negative = _mm512_test_epi16_mask(b, sign);
+    const __mmask32 nan = _mm512_cmpgt_epu16_mask(_mm512_andnot_si512(sign, b), _mm512_set1_epi16(0x7F80));
+    const __m512i keys = _mm512_mask_mov_epi16(_mm512_or_si512(b, sign), negative, _mm512_xor_si512(b, _mm512_set1_epi16(-1)));
+    return _mm512_mask_mov_epi16(keys, nan, _mm512_set1_epi16(-1)); /* any NaN, either sign: the top key */
+}
+
+void argmax_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t *out, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *row = x + r * stride;
+        __m512i best = _mm512_setzero_si512();
+        int64_t c = 0;
+        for (; c + 32 <= cols; c += 32) best = _mm512_max_epu16(best, order_keys(_mm512_loadu_si512(row + c)));
+        const __mmask32 tail = cols - c >= 32 ? 0 : (__mmask32)((1u << (cols - c)) - 1);
+        if (tail) best = _mm512_mask_max_epu16(best, tail, best, order_keys(_mm512_maskz_loadu_epi16(tail, row + c)));
+        /* the largest key of the row, then the first column that has it */
+        uint16_t lanes[32], top = 0;
+        _mm512_storeu_si512(lanes, best);
+        for (int i = 0; i < 32; ++i) top = lanes[i] > top ? lanes[i] : top;
+        const __m512i wanted = _mm512_set1_epi16((short)top);
+        int64_t found = 0;
+        for (c = 0; c < cols; c += 32) {
+            const __mmask32 valid = cols - c >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (cols - c)) - 1);
+            const __mmask32 hit =
+                _mm512_mask_cmpeq_epi16_mask(valid, order_keys(_mm512_maskz_loadu_epi16(valid, row + c)), wanted);
+            if (hit) {
+                found = c + __builtin_ctz(hit);
+                break;
+            }
+        }
+        out[r] = found;
+    }
+}
 #else
 int linear_bf16_supported(void) { return 0; }
+void argmax_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t *out, int64_t threads) {}
 int linear_bf16_panel_columns(void) { return 32; }
 int linear_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *packed, const float *bias, int gelu,
                 uint16_t *y, int64_t M, int64_t N, int64_t K, int64_t threads) {

@@ -41,10 +41,22 @@
 #include <stdint.h>
 #include <string.h>
 
+/* With AVX512-BF16 (compiled with -march=native on a CPU that has it), bf16 keys meet the query
+ * on the bf16 dot-product units: q and k are bf16 already, their products are exact in fp32. */
+#if defined(__x86_64__) && defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define BF16_DOT 1
+#else
+#define BF16_DOT 0
+#endif
+
 /* Limits of one call (the caller checks them and splits the heads to fit). */
 #define MAX_SPAN 4096      /* heads x head_dim in one call */
 #define MAX_SPAN_HEADS 64  /* heads in one call */
 #define MAX_BLOCK_SIZE 256 /* tokens in a cache block */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1 /* blocks: one ahead measured as well as two on a shuffled cache */
+#endif
 
 static inline float load(const void *p, int64_t i, int bf16) {
     if (!bf16) return ((const float *)p)[i];
@@ -101,6 +113,7 @@ static inline __attribute__((always_inline)) int paged_decode(
     const int64_t heads = head_end - head_begin, span = heads * head_dim;
     if (heads <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE) return 1;
     const int64_t token_stride = num_heads * head_dim, first_elem = head_begin * head_dim;
+    const int64_t elem = bf16 ? 2 : 4;
     float qf[MAX_SPAN], acc[MAX_SPAN], prod[MAX_SPAN];
     float scores[MAX_BLOCK_SIZE * MAX_SPAN_HEADS]; /* [token][head] of the current block */
     float running_max[MAX_SPAN_HEADS], denom[MAX_SPAN_HEADS], block_max[MAX_SPAN_HEADS];
@@ -110,7 +123,7 @@ static inline __attribute__((always_inline)) int paged_decode(
         const int64_t in_at = seq * in_stride + first_elem, out_at = seq * token_stride + first_elem;
         if (new_k != 0 && slots[seq] >= num_slots) return 2; /* never write outside the cache */
         if (new_k != 0 && slots[seq] >= 0) { /* this token's K/V for these heads, into its slot */
-            const size_t elem = bf16 ? 2 : 4, bytes = (size_t)span * elem;
+            const size_t bytes = (size_t)span * elem;
             const int64_t slot_at = slots[seq] * token_stride + first_elem;
             memcpy((char *)k_cache + slot_at * elem, (const char *)new_k + in_at * elem, bytes);
             memcpy((char *)v_cache + slot_at * elem, (const char *)new_v + in_at * elem, bytes);
@@ -123,8 +136,44 @@ static inline __attribute__((always_inline)) int paged_decode(
             const int64_t n = context - start < block_size ? context - start : block_size;
             const int64_t block_at = (int64_t)table[start / block_size] * block_size * token_stride + first_elem;
             for (int64_t h = 0; h < heads; ++h) block_max[h] = -INFINITY;
+            /* The blocks ahead are somewhere else in memory, and the prefetchers follow no block
+             * table: fetch the block PREFETCH_AHEAD blocks on while this one is computed, one
+             * token's span of it for each token here (keys during the scores, values during the
+             * sums), into L2. Past a sequence's last block come the next sequence's. */
+            int64_t next_at = -1;
+            {
+                int64_t s = seq, j = start / block_size + PREFETCH_AHEAD;
+                while (s < seq_end) {
+                    const int64_t blocks = (context_lens[s] + block_size - 1) / block_size;
+                    if (j < blocks) {
+                        next_at = (int64_t)block_tables[s * max_blocks + j] * block_size * token_stride + first_elem;
+                        break;
+                    }
+                    j -= blocks;
+                    ++s;
+                }
+            }
+            const char *next_k = next_at < 0 ? 0 : (const char *)k_cache + next_at * elem;
+            const char *next_v = next_at < 0 ? 0 : (const char *)v_cache + next_at * elem;
             for (int64_t t = 0; t < n; ++t) { /* scores of every head for one token */
                 const int64_t k = block_at + t * token_stride;
+                if (next_k != 0)
+                    for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_k + t * token_stride * elem + b, 0, 2);
+#if BF16_DOT
+                if (bf16 && head_dim % 32 == 0) { /* q.k of bf16 pairs on the bf16 units, summed in fp32 */
+                    const uint16_t *qb = (const uint16_t *)q + in_at, *kb = (const uint16_t *)k_cache + k;
+                    for (int64_t h = 0; h < heads; ++h) {
+                        __m512 sum = _mm512_setzero_ps();
+                        for (int64_t d = h * head_dim; d < (h + 1) * head_dim; d += 32)
+                            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qb + d),
+                                                   (__m512bh)_mm512_loadu_si512(kb + d));
+                        const float dot = _mm512_reduce_add_ps(sum) * scale;
+                        scores[t * heads + h] = dot;
+                        block_max[h] = dot > block_max[h] ? dot : block_max[h];
+                    }
+                    continue;
+                }
+#endif
 #pragma omp simd
                 for (int64_t i = 0; i < span; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
                 for (int64_t h = 0; h < heads; ++h) {
@@ -154,6 +203,8 @@ static inline __attribute__((always_inline)) int paged_decode(
             for (int64_t i = 0; i < n * heads; ++i) scores[i] = exp_neg(scores[i]);
             for (int64_t t = 0; t < n; ++t) { /* acc += p * v over the token's whole span */
                 const int64_t v = block_at + t * token_stride;
+                if (next_v != 0)
+                    for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
                 for (int64_t h = 0; h < heads; ++h) {
                     const float p = scores[t * heads + h];
                     denom[h] += p;
