@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
 from roseinfer.bench.instrument import MethodTimer
 from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.model import packed_linear
 
 
 def weight_bytes(engine: InferenceEngine) -> int:
@@ -47,6 +48,10 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
     forward = MethodTimer(runner.model, "forward")
     head = MethodTimer(runner.model, "compute_logits")
     sampler = MethodTimer(runner, "sampler")
+    # The C kernels run outside torch's operators (ctypes), so the profiler below cannot see them.
+    c_kernels = {"bf16 projections (linear_bf16.c)": MethodTimer(packed_linear, "bf16_linear")}
+    if hasattr(runner.model.attention, "_attend"):
+        c_kernels["paged attention (paged_decode.c)"] = MethodTimer(runner.model.attention, "_attend")
     walls = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -60,6 +65,7 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
         "sampler": sampler.seconds / total,
     }
     split["host"] = max(0.0, 1.0 - sum(split.values()))
+    c_kernel_ms = {name: timer.seconds / steps * 1e3 for name, timer in c_kernels.items()}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             scheduler.step()
@@ -78,9 +84,10 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
         "tokens_per_s": batch / (step_ms / 1e3),
         "weight_mb": weight_bytes(engine) / 1e6,
         "time_split": split,
-        # Shares are of torch's operators; the fused C attention (ctypes) and Python are not among
-        # them: outside_torch_ops_ms is what the step spends there.
+        # Shares are of torch's operators; the C kernels (ctypes) and Python are not among them:
+        # outside_torch_ops_ms is what the step spends there, c_kernel_ms the kernels' part of it.
         "outside_torch_ops_ms": max(0.0, step_ms - profiled_ms),
+        "c_kernel_ms": c_kernel_ms,
         "top_ops_ms_per_step": [{"op": k, "ms": v, "share": v / profiled_ms} for k, v in top_ops],
     }
 
@@ -102,8 +109,10 @@ def main(argv=None) -> int:
                 split = ", ".join(f"{k} {v:.0%}" for k, v in row["time_split"].items())
                 print(
                     f"{dtype} batch {batch}: {row['step_ms_median']:.1f} ms/step ({split}); "
-                    f"{row['outside_torch_ops_ms']:.1f} ms outside torch's operators (C attention, Python)"
+                    f"{row['outside_torch_ops_ms']:.1f} ms outside torch's operators (C kernels, Python)"
                 )
+                for name, ms in row["c_kernel_ms"].items():
+                    print(f"    C: {name:<45} {ms:7.2f} ms")
                 for op in row["top_ops_ms_per_step"][:6]:
                     print(f"    {op['op']:<48} {op['ms']:7.2f} ms  {op['share']:.0%}")
     out = results_dir("cpu") / "profile_decode.json"
