@@ -31,7 +31,6 @@ from roseinfer.bench.engine_compare import (
     WORKLOADS,
     agreement,
     build_workloads,
-    cpu_info,
     matching_prefix,
     roofline,
     summarize_engine,
@@ -44,7 +43,7 @@ from roseinfer.bench.peer_models import (
     weights_cache,
 )
 from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, installed, run_engine
-from roseinfer.bench.results import make_result, read_json, results_dir, write_json
+from roseinfer.bench.results import cpu_info, make_result, read_json, results_dir, write_json
 from roseinfer.config import PRESETS
 
 

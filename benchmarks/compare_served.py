@@ -42,10 +42,9 @@ import tempfile
 from pathlib import Path
 
 from roseinfer import __version__
-from roseinfer.bench.engine_compare import cpu_info
 from roseinfer.bench.peer_models import add_weights_arguments, make_hf_weights, weights_cache
 from roseinfer.bench.peers import PEERS_DIR, installed
-from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
 from roseinfer.bench.served_compare import (
     BACKENDS,
     SERVED_ENGINES,

@@ -10,7 +10,6 @@ same number of tokens:
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 from roseinfer.bench.roofline import workload_ceiling_tok_s
@@ -18,8 +17,6 @@ from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random
 from roseinfer.config import ModelConfig
 
 WORKLOADS = ("fixed", "mixed", "batch1")
-# The processor features that decide which fast paths an engine can take.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
 
 
 def build_workloads(num_requests: int, seed: int, max_new_tokens: int | None = None) -> dict[str, list[dict]]:
@@ -34,19 +31,6 @@ def build_workloads(num_requests: int, seed: int, max_new_tokens: int | None = N
         name: [{"prompt": r.prompt_token_ids, "max_new_tokens": min(r.max_new_tokens, cap)} for r in reqs]
         for name, reqs in sets.items()
     }
-
-
-def cpu_info() -> dict[str, Any]:
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}}
 
 
 def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:

@@ -35,6 +35,23 @@ def device_name(device: str | torch.device = "cpu") -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+# The processor features that decide which fast paths an engine can take.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_info() -> dict[str, Any]:
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}}
+
+
 def device_tag(device: str | torch.device = "cpu") -> str:
     """'cpu', or the GPU's short name: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
     device = torch.device(device)

@@ -7,12 +7,17 @@ finish a step faster than max(FLOPs / P, bytes / W). Dividing that floor by
 a measured time says what fraction of the hardware a result uses.
 
 Peaks are measured, not taken from a datasheet: a large matmul in the run's
-dtype, and a large tensor copy.
+dtype, and a large read from memory (see `measure_peaks`). On a shared machine
+one measurement can land anywhere in a wide range, so the notebooks use
+`machine_peaks`: several measurements, taken once per machine and kept in
+results/<device>/peaks.json, so every notebook divides by the same figures and
+can show their spread.
 """
 
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,9 +127,10 @@ def measure_peaks(
     - matmul: a square `torch.mm`, and on a CPU also oneDNN's packed linear at a
       large row count (the kernel the engines' projections use; BLAS's `mm`
       can be far slower, e.g. MKL on an AMD CPU);
-    - memory: the faster of a read-only sum over 1 GiB and oneDNN's packed
-      projection of one row through 512 MB of weights (a batch-1 decode step:
-      its kernels prefetch, and read faster than the sum). A copy is measured too (`copy_bytes_s`, bytes read plus written):
+    - memory (`mem_bytes_s`, a *read* bandwidth): the faster of a read-only sum
+      over 1 GiB and oneDNN's packed projection of one row through 512 MB of
+      weights (a batch-1 decode step: its kernels prefetch, and read faster
+      than the sum). A copy is measured too (`copy_bytes_s`, bytes read plus written):
       on a 2-core slice of a server CPU it moves more bytes a second than two
       cores can *read* (~1.6x on an AMD EPYC), so it would be a ceiling no
       weight-reading step can approach; it is reported, not used.
@@ -168,6 +174,50 @@ def measure_peaks(
         "mem_bytes_s": max(reads),
         "copy_bytes_s": 2 * big.numel() / best(lambda: dst.copy_(big), 5),
     }
+
+
+PEAK_KEYS = ("matmul_flops", "mem_bytes_s")
+
+
+def machine_peaks(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, small: bool = False, measurements: int = 5
+) -> dict[str, float | list[float]]:
+    """`measure_peaks` taken `measurements` times, once per machine, and reused by every notebook.
+
+    Each peak is the best of its measurements (a ceiling is what the machine can reach; a slow
+    measurement is a neighbour's noise), and `<key>_runs` keeps them all so a reader sees the
+    spread. The file results/<device>/peaks.json holds one entry per machine (processor, its
+    features, threads, torch) and dtype, so a machine the repository has not seen measures its
+    own. small=True (CI's token sizes) is measured each time and never kept.
+    """
+    from roseinfer.bench.results import cpu_info, device_name, read_json, results_dir, write_json
+
+    key = "|".join([device_name(device), repr(sorted(cpu_info()["cpu_flags"].items())), torch.__version__, str(dtype)])
+    path = results_dir(device) / "peaks.json"
+    stored = read_json(path) if path.exists() and not small else {}
+    if key in stored:
+        return stored[key]
+    runs = [measure_peaks.__wrapped__(device, dtype, small) for _ in range(measurements)]
+    peaks: dict[str, float | list[float]] = {}
+    for name in PEAK_KEYS:
+        values = [run[name] for run in runs]
+        peaks[name] = max(values)
+        peaks[f"{name}_runs"] = values
+        peaks[f"{name}_median"] = statistics.median(values)
+    if not small:
+        write_json(path, stored | {key: peaks})
+    return peaks
+
+
+def describe_peaks(peaks: dict) -> str:
+    """One line for a notebook: the peaks it divides by, and how far apart their measurements were."""
+    def spread(name: str, scale: float, unit: str) -> str:
+        runs = peaks.get(f"{name}_runs") or [peaks[name]]
+        return (f"{peaks[name] / scale:.0f} {unit} (best of {len(runs)} measurements on this machine, "
+                f"which ranged {min(runs) / scale:.0f}–{max(runs) / scale:.0f})")
+
+    return (f"Peaks measured on this machine: matmul {spread('matmul_flops', 1e9, 'GFLOP/s')}; "
+            f"memory read bandwidth {spread('mem_bytes_s', 1e9, 'GB/s')}.")
 
 
 def _packed_linear_case(dev: torch.device, dtype: torch.dtype, small: bool):
