@@ -19,7 +19,6 @@ Needs a CPU with AVX512-BF16. Writes results/cpu/bf16_linear.json.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -28,7 +27,7 @@ import torch
 from roseinfer import InferenceEngine
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.model.packed_linear import PackedLinear, load_bf16_linear_kernel
+from roseinfer.model.packed_linear import PackedLinear, cpu_linear, load_bf16_linear_kernel
 
 SHAPES = {  # name: (in, out, activation)
     "c_attn": (768, 2304, "none"),
@@ -41,11 +40,8 @@ VARIANTS = ("onednn", "roseinfer")
 
 
 def layer_for(variant: str, weight, bias, activation) -> PackedLinear:
-    os.environ["ROSEINFER_CPU_LINEAR"] = variant
-    try:
+    with cpu_linear(variant):
         return PackedLinear(weight, bias, activation)
-    finally:
-        del os.environ["ROSEINFER_CPU_LINEAR"]
 
 
 def time_us(fn, inner: int) -> float:
@@ -93,11 +89,8 @@ def bench_shapes(rows_list: list[int], repeats: int) -> list[dict]:
 def bench_steps(batches: list[int], context: int, repeats: int) -> list[dict]:
     engines = {}
     for v in VARIANTS:
-        os.environ["ROSEINFER_CPU_LINEAR"] = v
-        try:
+        with cpu_linear(v):
             engines[v] = InferenceEngine.from_pretrained("gpt2", dtype="bfloat16", max_batch_size=max(batches))
-        finally:
-            del os.environ["ROSEINFER_CPU_LINEAR"]
     out = []
     for batch in batches:
         ms = {v: [] for v in VARIANTS}

@@ -1,5 +1,7 @@
 """The CPU projections: oneDNN's packed kernel and roseinfer's bf16 kernel (cpu_kernels/linear_bf16.c)."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,3 +101,20 @@ def test_bf16_argmax_equals_torch_on_ties_negatives_and_nan(cols):
         logits = logits.bfloat16()
         assert torch.equal(packed_linear.argmax_bf16(logits), logits.float().argmax(dim=-1))
     assert packed_linear.argmax_bf16(torch.randn(2, cols)) is None  # fp32: torch's own argmax
+
+
+def test_cpu_linear_picks_the_kernel_and_restores_the_environment(monkeypatch):
+    from roseinfer.model.packed_linear import cpu_linear
+
+    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
+    weight = torch.randn(64, 32).bfloat16()
+    with cpu_linear("onednn"):
+        assert PackedLinear(weight, None).kernel == "onednn"
+    assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"  # what was there before, back
+    monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
+    with cpu_linear("roseinfer"):
+        expected = "roseinfer" if load_bf16_linear_kernel() is not None else "onednn"
+        assert PackedLinear(weight, None).kernel == expected
+    assert "ROSEINFER_CPU_LINEAR" not in os.environ
+    with pytest.raises(ValueError, match="roseinfer"), cpu_linear("mkl"):
+        pass

@@ -27,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -68,6 +70,23 @@ def bf16_kernel_wanted(dtype: torch.dtype) -> bool:
     if dtype != torch.bfloat16 or os.environ.get("ROSEINFER_CPU_LINEAR", "").lower() == "onednn":
         return False
     return load_bf16_linear_kernel() is not None
+
+
+@contextmanager
+def cpu_linear(choice: str) -> Iterator[None]:
+    """Projections built inside the block use `choice`'s bf16 kernel: "roseinfer" (where it can run) or
+    "onednn". How a benchmark or a notebook puts both side by side in one process."""
+    if choice not in ("roseinfer", "onednn"):
+        raise ValueError(f"cpu_linear: 'roseinfer' or 'onednn', not {choice!r}")
+    before = os.environ.get("ROSEINFER_CPU_LINEAR")
+    os.environ["ROSEINFER_CPU_LINEAR"] = choice
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ROSEINFER_CPU_LINEAR"]
+        else:
+            os.environ["ROSEINFER_CPU_LINEAR"] = before
 
 
 def pack_panels(weight: torch.Tensor, columns: int) -> torch.Tensor:
