@@ -21,10 +21,14 @@ def _params(requests: list[BenchRequest]) -> list[SamplingParams]:
 
 
 def run_one_at_a_time(engine, requests: list[BenchRequest]) -> tuple[float, list[list[int]], dict[str, Any]]:
-    """Before batching: each request runs alone, start to finish, then the next."""
+    """Before batching: each request runs alone, start to finish, then the next.
+
+    No prefix cache: a repeated run would otherwise find its prompts' blocks cached and prefill less
+    than the static batch it is compared with (which has no cache)."""
     start = time.perf_counter()
     tokens = [
-        engine.generate([r.prompt_token_ids], p)[0].token_ids for r, p in zip(requests, _params(requests))
+        engine.generate([r.prompt_token_ids], p, enable_prefix_cache=False)[0].token_ids
+        for r, p in zip(requests, _params(requests))
     ]
     return time.perf_counter() - start, tokens, {"steps": sum(r.max_new_tokens for r in requests)}
 

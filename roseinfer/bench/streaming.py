@@ -12,6 +12,7 @@ produced them).
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ class StreamingSetup:
     submit_schedule: str = (
         "absolute"  # "absolute": request i at t0 + i*interval; "relative": after the previous
     )
+    # "absolute" only: each request i is shifted by a random 0..jitter ms (seeded), so arrivals do not fall
+    # into step with a worker's own cycle (notebook 05's polling naps)
+    submit_jitter_ms: float = 0.0
     stream_interval: int = 1
     tokenize_workers: int = 0  # 0: tokenize in the submitting thread; N: in the manager's pool of N
     max_batch_size: int | None = None
@@ -77,10 +81,11 @@ def run_streaming(
         texts[i] = "".join(pieces)
 
     interval = args.submit_interval_ms / 1000.0
+    jitter = random.Random(0)
     try:
         t0 = time.perf_counter()
         for i in range(args.num_requests):
-            due = t0 + i * interval
+            due = t0 + i * interval + jitter.uniform(0.0, args.submit_jitter_ms / 1000.0)
             if args.submit_schedule == "absolute":
                 time.sleep(max(0.0, due - time.perf_counter()))
             elif i:
