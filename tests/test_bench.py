@@ -312,3 +312,17 @@ def test_plots_show_spread_only_where_there_are_runs_and_plain_log_labels(tmp_pa
     assert len(ax3.containers) == 1
     assert plots.plain_number(7020) == "7,020" and plots.plain_number(0.0123) == "0.0123"
     plots.save(fig, tmp_path / "f.png")
+
+
+def test_benchmark_kernel_build_times_a_fresh_build(tmp_path):
+    import os
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "benchmark_kernel_build.py"), "--repeats", "1"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "ROSEINFER_RESULTS_DIR": str(tmp_path)},
+    )
+    if "did not build here" in out.stdout:
+        pytest.skip("no C compiler or no AVX512-BF16 here")
+    assert out.returncode == 0, out.stdout + out.stderr
+    metrics = json.loads((tmp_path / "cpu" / "kernel_build.json").read_text())["metrics"]
+    assert all(0 < m["median_s"] < 120 for m in metrics.values()) and len(metrics) == 2
