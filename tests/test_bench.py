@@ -77,7 +77,7 @@ def test_roofline_costs_and_floor():
 
 
 def test_machine_peaks_measured_once_per_machine(tmp_path, monkeypatch):
-    from roseinfer.bench import roofline
+    from roseinfer.bench import results, roofline
 
     monkeypatch.setenv("ROSEINFER_RESULTS_DIR", str(tmp_path))
     calls = []
@@ -98,6 +98,10 @@ def test_machine_peaks_measured_once_per_machine(tmp_path, monkeypatch):
     roofline.machine_peaks("cpu", small=True, measurements=2)  # token sizes: measured each time, never kept
     roofline.machine_peaks("cpu", small=True, measurements=2)
     assert calls[6:] == [True] * 4
+    # Another boot (a new session's machine, same processor name) measures its own and replaces the file.
+    monkeypatch.setattr(results, "boot_id", lambda: "another-boot")
+    assert roofline.machine_peaks("cpu", measurements=3)["mem_bytes_s_runs"] == [-1.0, -2.0, -3.0]
+    assert len(calls) == 13 and len(json.loads((tmp_path / "cpu" / "peaks.json").read_text())) == 1
 
 
 def _run(script: str, *args: str) -> str:

@@ -52,6 +52,16 @@ def cpu_info() -> dict[str, Any]:
     return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}}
 
 
+def boot_id() -> str:
+    """This boot of this machine. Two virtual machines can report the same processor name and
+    features and still run at very different speeds (different hosts, different neighbours), so a
+    measurement kept "per machine" is kept per boot: a new session's machine measures its own."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return platform.node()
+
+
 def device_tag(device: str | torch.device = "cpu") -> str:
     """'cpu', or the GPU's short name: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
     device = torch.device(device)

@@ -9,7 +9,7 @@ a measured time says what fraction of the hardware a result uses.
 Peaks are measured, not taken from a datasheet: a large matmul in the run's
 dtype, and a large read from memory (see `measure_peaks`). On a shared machine
 one measurement can land anywhere in a wide range, so the notebooks use
-`machine_peaks`: several measurements, taken once per machine and kept in
+`machine_peaks`: several measurements, taken once per machine (per boot) and kept in
 results/<device>/peaks.json, so every notebook divides by the same figures and
 can show their spread.
 """
@@ -182,19 +182,24 @@ PEAK_KEYS = ("matmul_flops", "mem_bytes_s")
 def machine_peaks(
     device: str = "cpu", dtype: torch.dtype = torch.float32, small: bool = False, measurements: int = 5
 ) -> dict[str, float | list[float]]:
-    """`measure_peaks` taken `measurements` times, once per machine, and reused by every notebook.
+    """`measure_peaks` taken `measurements` times, once per machine (per boot), and reused by every notebook.
 
     Each peak is the best of its measurements (a ceiling is what the machine can reach; a slow
     measurement is a neighbour's noise), and `<key>_runs` keeps them all so a reader sees the
-    spread. The file results/<device>/peaks.json holds one entry per machine (processor, its
-    features, threads, torch) and dtype, so a machine the repository has not seen measures its
-    own. small=True (CI's token sizes) is measured each time and never kept.
+    spread. The file results/<device>/peaks.json holds one entry per dtype for this machine
+    (processor, its features, threads, torch, and this boot: two virtual machines with the same
+    processor name can differ several-fold), so a new machine measures its own and the file is
+    rewritten for it. small=True (CI's token sizes) is measured each time and never kept.
     """
-    from roseinfer.bench.results import cpu_info, device_name, read_json, results_dir, write_json
+    from roseinfer.bench.results import boot_id, cpu_info, device_name, read_json, results_dir, write_json
 
-    key = "|".join([device_name(device), repr(sorted(cpu_info()["cpu_flags"].items())), torch.__version__, str(dtype)])
+    machine = "|".join([device_name(device), repr(sorted(cpu_info()["cpu_flags"].items())), torch.__version__,
+                        boot_id()])
+    key = f"{machine}|{dtype}"
     path = results_dir(device) / "peaks.json"
-    stored = read_json(path) if path.exists() and not small else {}
+    # Only this boot's entries are kept: the file describes the machine the committed results ran on.
+    stored = {k: v for k, v in read_json(path).items() if k.startswith(machine + "|")} \
+        if path.exists() and not small else {}
     if key in stored:
         return stored[key]
     runs = [measure_peaks.__wrapped__(device, dtype, small) for _ in range(measurements)]

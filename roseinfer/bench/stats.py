@@ -134,7 +134,7 @@ class Verdict:
             word, shown = "worse", 1 / self.ratio
             spread = f"95% interval of how many times worse {1 / hi:.2f}-{1 / lo:.2f}x" if lo > 0 else spread
         return (f"{where}. After is {shown:.2f}x {word} (rank test p = {self.p_value:.2g}, "
-                f"a {ALPHA:.0%} false-alarm rate; {spread}).")
+                f"significant at the {ALPHA:.0%} level; {spread}).")
 
 
 def verdict(name: str, before: list[float], after: list[float], unit: str, higher_is_better: bool) -> Verdict:
