@@ -19,10 +19,17 @@ def _fmt(x: float) -> str:
     return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
 
 
+def _measured_on(results: list[dict]) -> str:
+    """The machines and days a table's results come from: figures from different machines must not be compared."""
+    runs = sorted({(r["device_name"], r["date"][:10]) for r in results})
+    return "\n\n*Measured on " + "; ".join(f"{name}, {day}" for name, day in runs) + ".*" if runs else ""
+
+
 def batching_section(results: Path) -> str:
-    rows = []
+    rows, seen = [], []
     for path in sorted(results.glob("*/batching.json")):
         r = read_json(path)
+        seen.append(r)
         m = r["metrics"]
         for name in ("static", "continuous"):
             runs = m[name]["runs_tok_s"]
@@ -37,13 +44,14 @@ def batching_section(results: Path) -> str:
         "| device | model | variant | output tok/s, median (min–max) | steps | wasted rows |\n"
         "|---|---|---|---|---|---|"
     )
-    return header + "\n" + "\n".join(rows)
+    return header + "\n" + "\n".join(rows) + _measured_on(seen)
 
 
 def compare_hf_section(results: Path) -> str:
-    rows = []
+    rows, seen = [], []
     for path in sorted(results.glob("*/compare_hf.json")):
         r = read_json(path)
+        seen.append(r)
         systems = [
             s for s in ("roseinfer", "hf_generate", "hf_generate_batch") if s in r["config"]["systems"]
         ]
@@ -65,6 +73,7 @@ def compare_hf_section(results: Path) -> str:
     return (
         "| device | model | workload | roseinfer tok/s | HF `generate` tok/s → roseinfer ÷ HF | "
         "HF `generate_batch` tok/s → roseinfer ÷ HF |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
+        + _measured_on(seen)
     )
 
 
@@ -201,9 +210,10 @@ def served_levers_section(results: Path) -> str:
 
 
 def serving_section(results: Path) -> str:
-    rows = []
+    rows, seen = [], []
     for path in sorted(results.glob("*/serving-sweep.json")):
         r = read_json(path)
+        seen.append(r)
         for name, block in r["metrics"].items():
             for p in block["points"]:
                 rate = "all at once" if p["request_rate"] == float("inf") else f"{p['request_rate']:g}/s"
@@ -215,7 +225,7 @@ def serving_section(results: Path) -> str:
         return "_no results yet: run the command above_"
     return (
         "| device | server | request rate | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | failed |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + _measured_on(seen)
     )
 
 
@@ -366,14 +376,16 @@ NOTEBOOKS = [
 
 
 def notebooks_section(results: Path) -> str:
-    rows = []
+    rows, seen = [], []
     for notebook, result, topic in NOTEBOOKS:
         figures = []
         for path in sorted(results.glob(f"*/{result}.json")) if result else []:
             r = read_json(path)
             figures.append(f"{r['device']}: {_headline(result, r['metrics'])}")
+            seen.append(r)
         rows.append(f"| [{notebook}](notebooks/{notebook}.ipynb) | {topic} | {'<br>'.join(figures) or '—'} |")
-    return "| notebook | increment | before → after (from `results/`) |\n|---|---|---|\n" + "\n".join(rows)
+    return ("| notebook | increment | before → after (from `results/`) |\n|---|---|---|\n" + "\n".join(rows)
+            + _measured_on(seen))
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
