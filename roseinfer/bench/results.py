@@ -87,13 +87,20 @@ def results_dir(device: str | torch.device = "cpu", root: Path | None = None) ->
 
 
 def git_commit() -> str | None:
+    """HEAD's short hash, with "+dirty" when the engine's or the benchmarks' code differs from it (a result then
+    came from code no commit holds). Notebooks are not looked at: re-executing them rewrites them."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
         )
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "roseinfer", "benchmarks"], cwd=REPO_ROOT, capture_output=True,
+            text=True, timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    commit = out.stdout.strip()
+    return (commit + ("+dirty" if changed.stdout.strip() else "")) if commit else None
 
 
 def make_result(
