@@ -289,6 +289,30 @@ def test_source_diff_shows_only_the_changed_lines():
     assert source_diff(SchedulerManager._idle, SchedulerManager._idle) == ""
 
 
+def _branchy(x):
+    if x > 1:
+        x += 1
+
+        return x * 2
+    y = x
+    if x < 0:
+        return -x
+    return y
+
+
+def test_branch_diff_removes_only_the_named_branches():
+    import pytest
+
+    from roseinfer.bench.diff import branch_diff
+
+    diff = branch_diff(_branchy, "x > 1")
+    added = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == ["+    if x > 1:", "+        x += 1", "+", "+        return x * 2"]
+    assert not any(line.startswith("-") and not line.startswith("---") for line in diff.splitlines())
+    with pytest.raises(ValueError):
+        branch_diff(_branchy, "x == 3")
+
+
 def test_plots_show_spread_only_where_there_are_runs_and_plain_log_labels(tmp_path):
     import matplotlib
 

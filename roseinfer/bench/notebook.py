@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from roseinfer.bench import plots
-from roseinfer.bench.diff import show_diff  # noqa: F401  (re-exported for the notebooks)
+from roseinfer.bench.diff import show_branch_diff, show_diff  # noqa: F401  (re-exported for the notebooks)
 from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
 from roseinfer.bench.stats import Verdict, median, verdict  # noqa: F401  (re-exported for the notebooks)
 
