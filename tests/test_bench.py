@@ -297,6 +297,8 @@ def _branchy(x):
     y = x
     if x < 0:
         return -x
+    elif x == 0:
+        return 1
     return y
 
 
@@ -311,6 +313,9 @@ def test_branch_diff_removes_only_the_named_branches():
     assert not any(line.startswith("-") and not line.startswith("---") for line in diff.splitlines())
     with pytest.raises(ValueError):
         branch_diff(_branchy, "x == 3")
+    # removing the head of an if/elif chain leaves its next branch as the head, not a dangling elif
+    chain = branch_diff(_branchy, "x < 0")
+    assert "-    if x == 0:" in chain and "+    elif x == 0:" in chain
 
 
 def test_plots_show_spread_only_where_there_are_runs_and_plain_log_labels(tmp_path):

@@ -40,6 +40,8 @@ def _without_branches(lines: list[str], conditions: tuple[str, ...]) -> list[str
             if not line.strip() or indent > skip_deeper_than:
                 continue
             skip_deeper_than = None
+            if line.lstrip().startswith("elif "):  # the removed `if` headed a chain: its next branch heads it now
+                line = line.replace("elif ", "if ", 1)
         if line.strip() in {f"if {c}:" for c in conditions}:
             skip_deeper_than = indent
             continue

@@ -124,7 +124,7 @@ class Verdict:
             f"{len(self.before)} vs {len(self.after)} runs"
         )
         lo, hi = self.interval
-        spread = f"95% interval of the ratio {lo:.2f}-{hi:.2f}x"
+        spread = f"95% interval of the ratio {lo:.2f}-{hi:.2f}x, above 1x meaning after is better"
         if not self.significant:
             return (f"{where}. No difference this data can show: rank test p = {self.p_value:.2g} "
                     f"(needs < {ALPHA}), {spread}.")
