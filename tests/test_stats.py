@@ -31,6 +31,15 @@ def test_lower_is_better_and_overlap():
     assert not mixed.significant and "No difference" in str(mixed)
 
 
+def test_labels_name_the_two_sets_in_the_sentence():
+    v = verdict("TTFT", [9, 9.5, 10, 10.5, 11], [4, 4.5, 5, 5.5, 6], "ms", higher_is_better=False,
+                labels=("transformers serve", "roseinfer"))
+    text = str(v)
+    assert text.startswith("TTFT: transformers serve 10 ms") and "roseinfer 5 ms" in text
+    assert "Roseinfer is 2.00x better" in text and "meaning roseinfer is better" in text
+    assert "before" not in text and "after" not in text
+
+
 def test_the_stated_error_rate_holds_on_identical_distributions():
     # Same distribution both sides: the test may call "different" at most ALPHA of the time.
     rng = random.Random(1)

@@ -38,6 +38,10 @@ class StepCost:
     def floor_s(self, peaks: dict[str, float]) -> float:
         return max(self.flops / peaks["matmul_flops"], self.bytes / peaks["mem_bytes_s"])
 
+    def bound(self, peaks: dict[str, float]) -> str:
+        """Which of the two sets the floor: "FLOPs" or "bytes"."""
+        return "FLOPs" if self.flops / peaks["matmul_flops"] > self.bytes / peaks["mem_bytes_s"] else "bytes"
+
 
 def step_cost(
     config: ModelConfig, new_tokens: int, attended: float, num_logits: int, elem_bytes: int, kv_read: float

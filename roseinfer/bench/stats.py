@@ -101,6 +101,7 @@ class Verdict:
     ratio: float  # median(after)/median(before), oriented so > 1 means after is better
     interval: tuple[float, float]  # bootstrap 95% interval of that ratio
     p_value: float  # two-sided rank test
+    labels: tuple[str, str] = ("before", "after")  # what the two sets are, in the sentence
 
     @property
     def significant(self) -> bool:
@@ -118,13 +119,14 @@ class Verdict:
     def __str__(self) -> str:
         b, a = median(list(self.before)), median(list(self.after))
         n = plain_number
+        first, second = self.labels
         where = (
-            f"{self.name}: before {n(b)} {self.unit} (runs {n(min(self.before))}-{n(max(self.before))}), "
-            f"after {n(a)} {self.unit} (runs {n(min(self.after))}-{n(max(self.after))}), "
+            f"{self.name}: {first} {n(b)} {self.unit} (runs {n(min(self.before))}-{n(max(self.before))}), "
+            f"{second} {n(a)} {self.unit} (runs {n(min(self.after))}-{n(max(self.after))}), "
             f"{len(self.before)} vs {len(self.after)} runs"
         )
         lo, hi = self.interval
-        spread = f"95% interval of the ratio {lo:.2f}-{hi:.2f}x, above 1x meaning after is better"
+        spread = f"95% interval of the ratio {lo:.2f}-{hi:.2f}x, above 1x meaning {second} is better"
         if not self.significant:
             return (f"{where}. No difference this data can show: rank test p = {self.p_value:.2g} "
                     f"(needs < {ALPHA}), {spread}.")
@@ -133,13 +135,20 @@ class Verdict:
         else:  # say "N x worse", and give the interval of that same N
             word, shown = "worse", 1 / self.ratio
             spread = f"95% interval of how many times worse {1 / hi:.2f}-{1 / lo:.2f}x" if lo > 0 else spread
-        return (f"{where}. After is {shown:.2f}x {word} (rank test p = {self.p_value:.2g}, "
+        return (f"{where}. {second[0].upper() + second[1:]} is {shown:.2f}x {word} (rank test p = {self.p_value:.2g}, "
                 f"significant at the {ALPHA:.0%} level; {spread}).")
 
 
-def verdict(name: str, before: list[float], after: list[float], unit: str, higher_is_better: bool) -> Verdict:
+def verdict(
+    name: str,
+    before: list[float],
+    after: list[float],
+    unit: str,
+    higher_is_better: bool,
+    labels: tuple[str, str] = ("before", "after"),
+) -> Verdict:
     """Compare repeated runs: a rank test for whether they differ, a bootstrap interval for by how much."""
     b, a = median(before), median(after)
     ratio = (a / b if higher_is_better else b / a) if min(a, b) > 0 else float("inf")
     return Verdict(name, unit, tuple(before), tuple(after), higher_is_better, ratio,
-                   ratio_interval(before, after, higher_is_better), rank_test(before, after))
+                   ratio_interval(before, after, higher_is_better), rank_test(before, after), labels)
