@@ -103,9 +103,24 @@ def test_bf16_argmax_equals_torch_on_ties_negatives_and_nan(cols):
     assert packed_linear.argmax_bf16(torch.randn(2, cols)) is None  # fp32: torch's own argmax
 
 
+def test_cpu_linear_restores_the_environment(monkeypatch):
+    from roseinfer.model.packed_linear import cpu_linear
+
+    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
+    with cpu_linear("onednn"):
+        assert os.environ["ROSEINFER_CPU_LINEAR"] == "onednn"
+    assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"
+    monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
+    with cpu_linear("roseinfer"):
+        assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"
+    assert "ROSEINFER_CPU_LINEAR" not in os.environ
+
+
 def test_cpu_linear_picks_the_kernel_and_restores_the_environment(monkeypatch):
     from roseinfer.model.packed_linear import cpu_linear
 
+    if not packed_linear.packing_available(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
     monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
     weight = torch.randn(64, 32).bfloat16()
     with cpu_linear("onednn"):
