@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -179,6 +180,7 @@ def test_a_compiler_without_openmp_still_builds_a_one_thread_kernel(monkeypatch,
         ([(700, 1)], 12, 64),  # batch 1 with enough work to split: the heads are shared out
         ([(300, 1)] * 3, 5, 16),  # more sequences than threads, an odd head count
         ([(40, 1), (90, 1)], 80, 64),  # 5120 elements a token: over one call's span, heads in groups
+        ([(max(1, 128 - 7 * i), 1) for i in range(12)], 4, 16),  # mixed lengths: runs cut by work, not count
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -187,6 +189,21 @@ def test_fused_decode_is_exact_however_the_step_is_cut(seqs, heads, head_dim, th
     q, k, v, k_cache, v_cache, meta, parts = build_case(seqs, 16, heads=heads, head_dim=head_dim)
     out = CpuPagedAttention(num_threads=threads).forward(q, k, v, k_cache, v_cache, meta, 0.125)
     assert (out.double() - contiguous_reference(*parts, 0.125)).abs().max() <= 1e-5
+
+
+def test_a_step_of_mixed_lengths_is_cut_into_runs_of_equal_work():
+    lib = cpu_attention.load_paged_decode_kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    lens = [max(1, 128 - 7 * i) for i in range(32)]  # notebook 08's case: 97% of the tokens in the first half
+    for parts in (1, 2, 3, 7, 32, 40):
+        bounds = cpu_attention.split_by_work(lib, lens, parts)
+        assert bounds[0] == 0 and bounds[-1] == len(lens) and bounds == sorted(bounds)
+        work = [sum(n + 1 for n in lens[a:b]) for a, b in itertools.pairwise(bounds)]
+        # each run is within one sequence's work of an equal share (a sequence is never cut)
+        assert max(abs(w - sum(work) / parts) for w in work) <= max(lens) + 1, (parts, work)
+    assert cpu_attention.split_by_work(lib, [100, 100, 100, 100], 2) == [0, 2, 4]  # equal lengths: equal counts
+    assert cpu_attention.split_by_work(lib, [], 2) == [0, 0, 0]
 
 
 def test_plan_pieces_covers_every_head_within_a_calls_span():

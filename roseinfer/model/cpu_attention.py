@@ -9,7 +9,8 @@ steps keep the reference path, whose cost is dominated by the projections.
 The kernel is plain C, compiled at first use by `cpu_build` and loaded with
 ctypes. Its OpenMP loop runs on torch's own worker threads, which are still
 spinning from the projection before it. A step big enough to be worth it is
-cut by sequences, or at batch 1 by heads.
+cut by sequences (runs of about equal work, so mixed context lengths keep every thread busy), or at
+batch 1 by heads.
 Where no compiler is found or the build fails, the backend says so once in
 the log and every step takes the reference path: slower, never wrong; a
 compiler without OpenMP gives a one-thread kernel.
@@ -49,14 +50,26 @@ def load_paged_decode_kernel() -> ctypes.CDLL | None:
             + [ctypes.c_int64] * 8
             + [ctypes.c_float]
         )
-    for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size"):
+    for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size",
+                 "paged_decode_max_seq_parts"):
         getattr(lib, name).restype = ctypes.c_int
+    lib.paged_decode_split.restype = None
+    lib.paged_decode_split.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     return lib
 
 
-def kernel_limits(lib: ctypes.CDLL) -> tuple[int, int, int]:
-    """(elements, heads) one call may span, and the largest cache block it takes."""
-    return lib.paged_decode_max_span(), lib.paged_decode_max_span_heads(), lib.paged_decode_max_block_size()
+def kernel_limits(lib: ctypes.CDLL) -> tuple[int, int, int, int]:
+    """(elements, heads) one call may span, the largest cache block it takes, and the most runs of sequences."""
+    return (lib.paged_decode_max_span(), lib.paged_decode_max_span_heads(), lib.paged_decode_max_block_size(),
+            lib.paged_decode_max_seq_parts())
+
+
+def split_by_work(lib: ctypes.CDLL, context_lens: list[int], parts: int) -> list[int]:
+    """The kernel's cut of a step's sequences into `parts` runs of about equal work (run p: bounds[p]:bounds[p+1])."""
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    bounds = torch.empty(parts + 1, dtype=torch.int64)
+    lib.paged_decode_split(lens.data_ptr(), len(context_lens), parts, bounds.data_ptr())
+    return bounds.tolist()
 
 
 def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span: int,
@@ -91,8 +104,8 @@ class CpuPagedAttention(TorchPagedAttention):
     def __init__(self, num_threads: int | None = None) -> None:
         self.kernel = load_paged_decode_kernel()
         self.num_threads = num_threads or torch.get_num_threads()
-        self.max_span, self.max_span_heads, self.max_block_size = (
-            kernel_limits(self.kernel) if self.kernel is not None else (0, 0, 0)
+        self.max_span, self.max_span_heads, self.max_block_size, self.max_seq_parts = (
+            kernel_limits(self.kernel) if self.kernel is not None else (0, 0, 0, 0)
         )
 
     @property
@@ -213,7 +226,7 @@ class CpuPagedAttention(TorchPagedAttention):
         # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
         # steps (a few short contexts) run on this thread alone.
         work = num_seqs * max_context_len * heads
-        threads = self.num_threads if work >= SPLIT_ABOVE_ROW_TOKENS else 1
+        threads = min(self.num_threads, self.max_seq_parts) if work >= SPLIT_ABOVE_ROW_TOKENS else 1
         seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
         status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
         if status == 2:

@@ -224,18 +224,41 @@ static inline __attribute__((always_inline)) int paged_decode(
     return 0;
 }
 
+/* Cuts sequences [0, num_seqs) into `parts` runs of about equal work: bounds[p] .. bounds[p + 1] is
+ * run p. A sequence's work is its context (every cached key and value is read) plus one for its
+ * query and output; a cut by count alone would give one thread most of a batch of mixed lengths
+ * (32 contexts falling from 128 to 1 put 97% of the tokens in the first half). Each sequence goes
+ * to the run in which more than half of its work falls. */
+#define MAX_SEQ_PARTS 256
+int paged_decode_max_seq_parts(void) { return MAX_SEQ_PARTS; }
+void paged_decode_split(const int32_t *context_lens, int64_t num_seqs, int64_t parts, int64_t *bounds) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) total += (int64_t)context_lens[s] + 1;
+    int64_t s = 0, done = 0;
+    bounds[0] = 0;
+    for (int64_t p = 1; p < parts; ++p) {
+        const int64_t target = total * p / parts;
+        while (s < num_seqs && 2 * done + context_lens[s] + 1 <= 2 * target) done += context_lens[s++] + 1;
+        bounds[p] = s;
+    }
+    bounds[parts] = num_seqs;
+}
+
 /* The whole step, its pieces spread over `threads` OpenMP threads. Built with
  * -fopenmp, this library needs libgomp.so.1, and the dynamic loader hands it
  * the libgomp torch has already loaded: the pieces run on torch's own worker
  * threads, which are still spinning from the projection just before, instead
  * of a second pool of threads competing with them for the same two cores.
- * Pieces: sequences split in `seq_parts`, heads in groups of `head_group`. */
+ * Pieces: sequences split in `seq_parts` runs of equal work, heads in groups of `head_group`. */
 #define PAGED_DECODE(name, is_bf16)                                                                       \
     int name(const void *q, const void *new_k, const void *new_v, const int64_t *slots, int64_t in_stride, \
              int64_t num_slots, void *k_cache, void *v_cache, const int32_t *block_tables,                                   \
              const int32_t *context_lens, void *out, int64_t num_seqs, int64_t seq_parts,                \
              int64_t head_group, int64_t threads, int64_t num_heads, int64_t head_dim,                   \
              int64_t block_size, int64_t max_blocks, float scale) {                                      \
+        if (seq_parts > MAX_SEQ_PARTS || seq_parts < 1) return 1;                                         \
+        int64_t bounds[MAX_SEQ_PARTS + 1];                                                                \
+        paged_decode_split(context_lens, num_seqs, seq_parts, bounds);                                    \
         const int64_t head_parts = (num_heads + head_group - 1) / head_group;                            \
         const int64_t pieces = seq_parts * head_parts;                                                    \
         int failed = 0;                                                                                   \
@@ -246,7 +269,7 @@ static inline __attribute__((always_inline)) int paged_decode(
             const int64_t h1 = h0 + head_group < num_heads ? h0 + head_group : num_heads;                 \
             failed |= paged_decode(q, new_k, new_v, slots, in_stride, num_slots, k_cache, v_cache, block_tables,     \
                                    context_lens, out,                                                     \
-                                   num_seqs * sp / seq_parts, num_seqs * (sp + 1) / seq_parts, h0, h1,    \
+                                   bounds[sp], bounds[sp + 1], h0, h1,                                    \
                                    num_heads, head_dim, block_size, max_blocks, scale, is_bf16);          \
         }                                                                                                 \
         return failed;                                                                                    \

@@ -1,0 +1,94 @@
+"""The same-answer check of the manager notebooks (04-07): every stream gets its own prompt's tokens.
+
+A manager variant changes how a step's tokens reach their streams, so the check
+that matters is that each request gets exactly the greedy tokens, text and
+finish reason the engine gives its prompt without any manager. One prompt for
+all would hide a token handed to the wrong stream; here every request has its
+own prompt and its own length, and its token ids are recorded where every
+variant hands them over (`RequestStream.on_token`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+
+from roseinfer.engine.engine import InferenceEngine
+from roseinfer.history import make_manager
+from roseinfer.sampling import SamplingParams
+from roseinfer.server.streams import RequestStream
+
+VOCAB = 50000  # prompt ids are drawn below this: every GPT-2 model has at least that many tokens
+
+
+@contextlib.contextmanager
+def recorded_token_ids() -> Iterator[dict[RequestStream, list[int]]]:
+    """The token ids each stream is handed while the block runs, by stream."""
+    record: dict[RequestStream, list[int]] = {}
+    original = RequestStream.on_token
+
+    def on_token(stream: RequestStream, token_id: int, now: float) -> None:
+        record.setdefault(stream, []).append(token_id)
+        original(stream, token_id, now)
+
+    RequestStream.on_token = on_token
+    try:
+        yield record
+    finally:
+        RequestStream.on_token = original
+
+
+def distinct_requests(
+    num_requests: int, new_tokens: int, seed: int = 0
+) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts (token ids) and greedy parameters, each request with its own prompt and its own number of tokens.
+
+    Random token ids rather than text: with random weights (the tiny model, or any offline
+    machine), prompts that end alike make every request generate the same tokens, and a token
+    handed to the wrong stream would go unseen; random prompts start each request elsewhere.
+    """
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(4, 13))] for _ in range(num_requests)]
+    params = [SamplingParams(max_new_tokens=new_tokens + i, stop_on_eos=False) for i in range(num_requests)]
+    return prompts, params
+
+
+def check_streams(
+    engine: InferenceEngine, variants: dict[str, str], num_requests: int = 16, new_tokens: int = 8, **options
+) -> str:
+    """Serve the same distinct requests through each manager variant (name -> label), all in flight at once.
+
+    Asserts that every stream got the engine's own greedy token ids, text and
+    finish reason for its prompt; returns the sentence a notebook prints.
+    """
+    prompts, params = distinct_requests(num_requests, new_tokens)
+    reference = engine.generate(prompts, params)
+    texts = [out.text for out in reference]
+    assert len(set(texts)) == num_requests, (
+        "every request should have its own text, or a mix-up could not show"
+    )
+    # How many requests' first tokens differ from every other's: a token handed to the wrong stream shows at once.
+    firsts = [out.token_ids[0] for out in reference]
+    own_first = sum(firsts.count(token) == 1 for token in firsts)
+    assert 2 * own_first >= num_requests, "most requests should start with a token of their own"
+    for variant, label in variants.items():
+        manager = make_manager(variant, engine, max_batch_size=num_requests, **options)
+        try:
+            with recorded_token_ids() as handed:
+                streams = [manager.submit(prompt_token_ids=p, params=q) for p, q in zip(prompts, params)]
+                streamed = ["".join(s.pieces(timeout=600)) for s in streams]
+        finally:
+            manager.close()
+        for i, (stream, out) in enumerate(zip(streams, reference)):
+            assert handed.get(stream) == out.token_ids, f"{label}: request {i} was handed other token ids"
+            assert streamed[i] == out.text, (
+                f"{label}: request {i}'s stream is not its own prompt's greedy text"
+            )
+            assert stream.end.finish_reason == out.finish_reason, f"{label}: request {i} finished differently"
+    return (
+        f"{num_requests} requests in flight at once, each with its own prompt and length ({num_requests} distinct greedy "
+        f"texts; {own_first} of them start with a token no other request has): through "
+        + " and through ".join(f"'{label}'" for label in variants.values())
+        + ", every stream got exactly the engine's own greedy token ids, text and finish reason for its prompt."
+    )
