@@ -21,7 +21,9 @@ def _fmt(x: float) -> str:
 
 def _measured_on(results: list[dict]) -> str:
     """The machines and days a table's results come from: figures from different machines must not be compared."""
-    runs = sorted({(r["device_name"], r["date"][:10]) for r in results})
+    # The processor, without the "(N threads)" that device_name adds: a thread count is a run's own setting
+    # (notebook 05 measures on one thread), not another machine.
+    runs = sorted({(re.sub(r" \(\d+ threads\)$", "", r["device_name"]), r["date"][:10]) for r in results})
     return "\n\n*Measured on " + "; ".join(f"{name}, {day}" for name, day in runs) + ".*" if runs else ""
 
 
@@ -313,7 +315,10 @@ def _headline(name: str, m: dict) -> str:
         head = f"{m['headline_load']:g}"
         b, a = m["stream"][before][head]["ttft_p50_ms"], m["stream"][after][head]["ttft_p50_ms"]
         return (
-            f"at {head}× the no-cache capacity ({m['capacity_req_s']:.1f} req/s): TTFT p50 "
+            f"at {head}× the no-cache bound, 1 / a lone prefill ({m['headline_load'] * m['capacity_req_s']:.1f} req/s"
+            + (f", {m['headline_load'] * m['capacity_req_s'] / m['measured_capacity_req_s']:.2f} of its measured capacity"
+               if "measured_capacity_req_s" in m else "")
+            + "): TTFT p50 "
             f"{median(b):.0f} → {median(a):.0f} ms{_noise(b, a)}; a request alone "
             f"{median(m['alone_ttft_ms'][before]):.0f} → {median(m['alone_ttft_ms'][after]):.0f} ms"
         )
