@@ -62,3 +62,10 @@ class MethodTimer:
     @property
     def mean_us(self) -> float:
         return self.seconds / self.calls * 1e6 if self.calls else float("nan")
+
+
+def worker_cpu_seconds(manager) -> float:
+    """CPU time the manager's worker thread has used so far (its own clock: not the process's other threads)."""
+    import time
+
+    return time.clock_gettime(time.pthread_getcpuclockid(manager._worker.ident))

@@ -29,7 +29,7 @@ def _as_runs(value) -> list[float]:
     return [float(v) for v in value] if hasattr(value, "__len__") else [float(value)]
 
 
-def _plain_log_axis(axis) -> None:
+def plain_log_axis(axis) -> None:
     """Plain-number labels on a log axis; minor ticks labelled at 2x and 5x when a decade has room."""
     axis.set_major_formatter(FuncFormatter(plain_number))
     axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
@@ -149,7 +149,7 @@ def curve(
         ax.xaxis.set_minor_formatter(NullFormatter())
     if logy:
         ax.set_yscale("log")
-        _plain_log_axis(ax.yaxis)
+        plain_log_axis(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
