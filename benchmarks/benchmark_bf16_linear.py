@@ -26,7 +26,7 @@ import torch
 
 from roseinfer import InferenceEngine
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
-from roseinfer.bench.results import make_result, results_dir, write_json
+from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
 from roseinfer.model.packed_linear import PackedLinear, cpu_linear, load_bf16_linear_kernel
 
 SHAPES = {  # name: (in, out, activation)
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
         shapes = bench_shapes(args.rows, args.repeats)
         steps = bench_steps(args.batches, args.context, args.repeats)
     out = results_dir("cpu") / "bf16_linear.json"
-    write_json(out, make_result("bf16_linear", "onednn-vs-roseinfer-bf16", vars(args),
+    config = dict(vars(args), cpu_flags=cpu_info()["cpu_flags"])  # which kind of CPU: AMX or not decides the winner
+    write_json(out, make_result("bf16_linear", "onednn-vs-roseinfer-bf16", config,
                                 {"threads": torch.get_num_threads(), "shapes": shapes, "steps": steps}, "cpu"))
     print(f"wrote {out}")
     return 0

@@ -121,6 +121,11 @@ def native_bf16_cpu() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def amx_bf16_cpu() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): matrix units that multiply whole bf16 tiles."""
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """The run dtype; None or "auto" picks bf16 on CUDA and on CPUs with native bf16, else fp32.
 

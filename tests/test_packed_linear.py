@@ -14,6 +14,12 @@ needs_bf16_kernel = pytest.mark.skipif(
 )
 
 
+@pytest.fixture
+def roseinfer_kernel(monkeypatch):
+    """roseinfer's kernel for the layers a test builds, whatever the CPU's default (oneDNN's where it has AMX)."""
+    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
+
+
 def reference(x, weight, bias, activation):
     y = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     return F.gelu(y, approximate="tanh") if activation == "gelu_tanh" else y
@@ -24,6 +30,7 @@ def reference(x, weight, bias, activation):
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("out_features", [37, 96])  # a partial panel of 32 columns, whole panels
 @pytest.mark.parametrize("rows", [1, 13, 50])  # one pass; passes of 12 rows; more than a 48-row tile
+@pytest.mark.usefixtures("roseinfer_kernel")
 def test_bf16_kernel_matches_a_float64_reference(activation, with_bias, out_features, rows):
     torch.manual_seed(rows * 100 + out_features)
     weight = (torch.randn(out_features, 64) * 0.2).bfloat16()
@@ -39,6 +46,7 @@ def test_bf16_kernel_matches_a_float64_reference(activation, with_bias, out_feat
 
 
 @needs_bf16_kernel
+@pytest.mark.usefixtures("roseinfer_kernel")
 def test_bf16_kernel_rows_do_not_depend_on_the_batch():
     """Each row's sums run in the same order whatever pass it falls in: batched equals solo, bit for bit."""
     torch.manual_seed(0)
@@ -50,6 +58,7 @@ def test_bf16_kernel_rows_do_not_depend_on_the_batch():
 
 
 @needs_bf16_kernel
+@pytest.mark.usefixtures("roseinfer_kernel")
 def test_bf16_kernel_reads_strided_rows_and_keeps_the_state_dict_dense():
     torch.manual_seed(1)
     weight, bias = (torch.randn(40, 64) * 0.1).bfloat16(), torch.randn(40).bfloat16()
@@ -133,3 +142,19 @@ def test_cpu_linear_picks_the_kernel_and_restores_the_environment(monkeypatch):
     assert "ROSEINFER_CPU_LINEAR" not in os.environ
     with pytest.raises(ValueError, match="roseinfer"), cpu_linear("mkl"):
         pass
+
+
+def test_bf16_projections_go_to_onednn_on_an_amx_cpu(monkeypatch):
+    # where the kernel can run: ours by default, oneDNN's where the CPU has AMX tiles, the variable overriding both
+    if load_bf16_linear_kernel() is None:
+        pytest.skip("roseinfer's bf16 kernel cannot run on this CPU (no AVX512-BF16 or no compiler)")
+    monkeypatch.delenv("ROSEINFER_CPU_LINEAR", raising=False)
+    weight = torch.randn(64, 32).bfloat16()
+    for amx, default in ((False, "roseinfer"), (True, "onednn")):
+        monkeypatch.setattr(packed_linear, "amx_bf16_cpu", lambda amx=amx: amx)
+        assert PackedLinear(weight, None).kernel == default
+        for choice in ("roseinfer", "onednn"):
+            monkeypatch.setenv("ROSEINFER_CPU_LINEAR", choice)
+            assert PackedLinear(weight, None).kernel == choice
+        monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
+    assert not packed_linear.bf16_kernel_wanted(torch.float32)  # fp32 is oneDNN's whatever the CPU

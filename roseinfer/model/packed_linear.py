@@ -13,9 +13,13 @@ measures it per layer shape.
 
 In bf16, on a CPU with AVX512-BF16 and a C compiler, the projections use
 roseinfer's own kernel instead (`cpu_kernels/linear_bf16.c`): at the few
-dozen rows of a decode step oneDNN's bf16 kernel stays well under the bf16
-units' peak, and ours reaches it (`benchmark_cpu_linear.py` shows both, per
-shape). `ROSEINFER_CPU_LINEAR=onednn` keeps oneDNN's for every projection.
+dozen rows of a decode step oneDNN's AVX512-BF16 kernel stays well under the
+bf16 units' peak, and ours reaches it (`benchmark_bf16_linear.py` shows both,
+per shape). Not on a CPU with AMX: there oneDNN multiplies whole bf16 tiles
+on the AMX units, which ours (built on AVX512-BF16 dot products) cannot match
+once a step has more than a few rows (notebook 12 measures both), so oneDNN
+keeps the projections. `ROSEINFER_CPU_LINEAR=onednn` or `=roseinfer` overrides
+the choice for every projection built while it is set.
 
 `PackedLinear` holds only the packed weight; its state_dict still reads and
 writes ordinary dense tensors under the usual names, so checkpoints and
@@ -33,6 +37,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from roseinfer.config import amx_bf16_cpu
 from roseinfer.model.cpu_build import KERNELS_DIR, load_kernel_library
 
 # The number of rows oneDNN tunes the weight layout for. Decode steps have one
@@ -66,10 +71,12 @@ def load_bf16_linear_kernel() -> ctypes.CDLL | None:
 
 
 def bf16_kernel_wanted(dtype: torch.dtype) -> bool:
-    """Whether bf16 projections go to roseinfer's kernel (else oneDNN's)."""
-    if dtype != torch.bfloat16 or os.environ.get("ROSEINFER_CPU_LINEAR", "").lower() == "onednn":
+    """Whether bf16 projections go to roseinfer's kernel (else oneDNN's): where the kernel can run, unless the CPU
+    has AMX (oneDNN's tiles are faster there) or ROSEINFER_CPU_LINEAR names one."""
+    choice = os.environ.get("ROSEINFER_CPU_LINEAR", "").lower()
+    if dtype != torch.bfloat16 or choice == "onednn" or load_bf16_linear_kernel() is None:
         return False
-    return load_bf16_linear_kernel() is not None
+    return choice == "roseinfer" or not amx_bf16_cpu()
 
 
 @contextmanager
