@@ -115,15 +115,19 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+def _torch_cpu_has(probe: str) -> bool:
+    """One of torch.cpu's feature probes, False where this torch lacks it."""
+    return getattr(torch.cpu, probe, lambda: False)()
 
 
 def amx_bf16_cpu() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): matrix units that multiply whole bf16 tiles."""
-    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return _torch_cpu_has("_is_amx_tile_supported")
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation."""
+    return _torch_cpu_has("_is_avx512_bf16_supported") or amx_bf16_cpu()
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

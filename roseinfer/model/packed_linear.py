@@ -15,10 +15,10 @@ In bf16, on a CPU with AVX512-BF16 and a C compiler, the projections use
 roseinfer's own kernel instead (`cpu_kernels/linear_bf16.c`): at the few
 dozen rows of a decode step oneDNN's AVX512-BF16 kernel stays well under the
 bf16 units' peak, and ours reaches it (`benchmark_bf16_linear.py` shows both,
-per shape). Not on a CPU with AMX: there oneDNN multiplies whole bf16 tiles
-on the AMX units, which ours (built on AVX512-BF16 dot products) cannot match
-once a step has more than a few rows (notebook 12 measures both), so oneDNN
-keeps the projections. `ROSEINFER_CPU_LINEAR=onednn` or `=roseinfer` overrides
+per shape). Not on a CPU with AMX: there oneDNN's bf16 kernel (which can use
+the AMX tiles) was the faster one from a few rows on, on the one such CPU
+measured (notebook 12 measures both, and how much of the gap is the tiles'),
+so oneDNN keeps the projections. `ROSEINFER_CPU_LINEAR=onednn` or `=roseinfer` overrides
 the choice for every projection built while it is set.
 
 `PackedLinear` holds only the packed weight; its state_dict still reads and
@@ -72,7 +72,7 @@ def load_bf16_linear_kernel() -> ctypes.CDLL | None:
 
 def bf16_kernel_wanted(dtype: torch.dtype) -> bool:
     """Whether bf16 projections go to roseinfer's kernel (else oneDNN's): where the kernel can run, unless the CPU
-    has AMX (oneDNN's tiles are faster there) or ROSEINFER_CPU_LINEAR names one."""
+    has AMX (oneDNN's kernel is the faster there from a few rows on) or ROSEINFER_CPU_LINEAR names one."""
     choice = os.environ.get("ROSEINFER_CPU_LINEAR", "").lower()
     if dtype != torch.bfloat16 or choice == "onednn" or load_bf16_linear_kernel() is None:
         return False
