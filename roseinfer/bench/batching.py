@@ -76,6 +76,7 @@ class StepRecord:
     rows: int  # entries in the batch the runner computed
     sampled: int  # of which sampled a token (every row of a decode step)
     tokens: int = 0  # tokens fed in: more than `rows` when some row carries prompt tokens
+    clock: int = 0  # the step clock's reading when it began (skipped idle steps count: see StepClock)
 
     @property
     def has_prompt(self) -> bool:
@@ -150,7 +151,8 @@ class ArrivalRun:
     def slots_denied(self) -> int:
         """Batch slots, summed over steps, not given to a live request while an arrived one was waiting."""
         denied = 0
-        for k, useful in enumerate(self.useful_rows):
+        for step, useful in zip(self.steps, self.useful_rows):
+            k = step.clock  # arrivals and starts are clock readings, which count skipped idle steps too
             waiting = sum(a <= k < s for a, s in zip(self.arrival_step, self.start_step))
             denied += min(waiting, self.batch_size - useful)
         return denied
@@ -168,18 +170,21 @@ class StepClock:
         return len(self.steps) + self.skipped
 
     def seconds_at(self, step: int) -> float:
-        """Wall time (since t0) at which the clock read `step`: the end of the step before it."""
-        done = step - self.skipped
-        return self.steps[done - 1].end_s if done > 0 else 0.0
+        """Wall time (since t0) at which the clock read `step`: the end of the last step run before that
+        reading. An idle gap takes no time, so a reading inside or at the end of one is the end of the step
+        before the gap; skips can happen anywhere in a run, so each step's own reading decides, not the total."""
+        before = [s.end_s for s in self.steps if s.clock < step]
+        return before[-1] if before else 0.0
 
     def __enter__(self) -> StepClock:
         original = self.runner.execute
 
         def execute(batch):
-            start = time.perf_counter() - self.t0
+            clock, start = self.now, time.perf_counter() - self.t0
             out = original(batch)
             sampled, tokens = sum(e.sample for e in batch), sum(len(e.token_ids) for e in batch)
-            self.steps.append(StepRecord(start, time.perf_counter() - self.t0, len(batch), sampled, tokens))
+            end = time.perf_counter() - self.t0
+            self.steps.append(StepRecord(start, end, len(batch), sampled, tokens, clock))
             return out
 
         self.runner.execute = execute  # an instance attribute: the class's method is untouched
