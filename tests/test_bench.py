@@ -359,3 +359,19 @@ def test_benchmark_kernel_build_times_a_fresh_build(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     metrics = json.loads((tmp_path / "cpu" / "kernel_build.json").read_text())["metrics"]
     assert all(0 < m["median_s"] < 120 for m in metrics.values()) and len(metrics) == 2
+
+
+def test_notebook_save_files_results_under_the_device_measured(tmp_path, monkeypatch):
+    """Notebook 12 times the CPU even where CUDA is present: its results must not be filed as the GPU's."""
+    from roseinfer.bench import notebook
+
+    monkeypatch.setenv("ROSEINFER_RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("ROSEINFER_NOTEBOOK_SIZES", raising=False)
+    monkeypatch.setattr(notebook, "device", lambda: "cuda")  # a GPU host, without needing one
+    monkeypatch.setattr("roseinfer.bench.results.device_tag", lambda d: "h100" if str(d) == "cuda" else "cpu")
+    monkeypatch.setattr("roseinfer.bench.results.device_name", lambda d: "NVIDIA H100" if str(d) == "cuda" else "a CPU")
+    cpu_run = notebook.save("nbXX", "a-vs-b", {}, {"x": 1}, measured_on="cpu")
+    gpu_run = notebook.save("nbYY", "a-vs-b", {}, {"x": 1})
+    assert cpu_run == tmp_path / "cpu" / "nbXX.json" and gpu_run == tmp_path / "h100" / "nbYY.json"
+    saved = json.loads(cpu_run.read_text())
+    assert saved["device"] == "cpu" and saved["device_name"] == "a CPU"

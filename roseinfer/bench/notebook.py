@@ -66,13 +66,18 @@ def reference(name: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def save(name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any], fig=None) -> Path:
+def save(
+    name: str, variant: str, config: dict[str, Any], metrics: dict[str, Any], fig=None, measured_on: str | None = None
+) -> Path:
     """Write results/<device>/<name>.json (and .png when a figure is given).
 
+    `measured_on` names the device the figures come from when it is not the notebook's own (notebook 12
+    times the CPU even where CUDA is present): its results then go under results/cpu, with the CPU's name.
     A run at tiny sizes writes under results/tiny/<device>/: its numbers never replace real ones.
     """
-    out = results_dir(device(), results_root() / "tiny" if tiny() else None) / f"{name}.json"
-    write_json(out, make_result(name, variant, config, metrics, device()))
+    where = measured_on or device()
+    out = results_dir(where, results_root() / "tiny" if tiny() else None) / f"{name}.json"
+    write_json(out, make_result(name, variant, config, metrics, where))
     if fig is not None:
         plots.save(fig, out.with_suffix(".png"))
     return out
