@@ -315,7 +315,7 @@ def _headline(name: str, m: dict) -> str:
         head = f"{m['headline_load']:g}"
         b, a = m["stream"][before][head]["ttft_p50_ms"], m["stream"][after][head]["ttft_p50_ms"]
         return (
-            f"at {head}× the no-cache bound, 1 / a lone prefill ({m['headline_load'] * m['capacity_req_s']:.1f} req/s"
+            f"at {head}× the lone-prefill rate, 1 / a lone no-cache prefill ({m['headline_load'] * m['capacity_req_s']:.1f} req/s"
             + (f", {m['headline_load'] * m['capacity_req_s'] / m['measured_capacity_req_s']:.2f} of its measured capacity"
                if "measured_capacity_req_s" in m else "")
             + "): TTFT p50 "
