@@ -1,4 +1,4 @@
-"""oneDNN's bf16 packed projection vs roseinfer's bf16 kernel (cpu_kernels/linear_bf16.c), on this CPU.
+"""oneDNN's bf16 packed projection vs roseinfer's bf16 kernel (kernels/cpu/linear_bf16.c), on this CPU.
 
     python benchmarks/benchmark_bf16_linear.py            # rows 1 8 32 128, 7 interleaved repeats
 
@@ -27,7 +27,7 @@ import torch
 from roseinfer import InferenceEngine
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
-from roseinfer.model.packed_linear import PackedLinear, cpu_linear, load_bf16_linear_kernel
+from roseinfer.models.packed_linear import PackedLinear, cpu_linear, load_bf16_linear_kernel
 
 SHAPES = {  # name: (in, out, activation)
     "c_attn": (768, 2304, "none"),

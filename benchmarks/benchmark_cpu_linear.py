@@ -1,4 +1,4 @@
-"""F.linear vs oneDNN-packed linear (roseinfer.model.packed_linear) for gpt2's layer shapes on this CPU.
+"""F.linear vs oneDNN-packed linear (roseinfer.models.packed_linear) for gpt2's layer shapes on this CPU.
 
     python benchmarks/benchmark_cpu_linear.py --rows 1 32 128
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.model.packed_linear import PackedLinear
+from roseinfer.models.packed_linear import PackedLinear
 
 SHAPES = {
     "c_attn": (768, 2304),

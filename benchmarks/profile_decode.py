@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
 from roseinfer.bench.instrument import MethodTimer
 from roseinfer.bench.results import make_result, results_dir, write_json
-from roseinfer.model import packed_linear
+from roseinfer.models import packed_linear
 
 
 def weight_bytes(engine: InferenceEngine) -> int:

@@ -34,7 +34,7 @@ from roseinfer.bench.serving import (
 def export_for_hf(model: str, directory: str) -> str:
     """The roseinfer weights (and the GPT-2 tokenizer files) as an HF model directory."""
     from roseinfer import InferenceEngine
-    from roseinfer.model.loader import save_hf_directory
+    from roseinfer.models.loader import save_hf_directory
     from roseinfer.tokenizer import embedded_bpe_files
 
     engine = InferenceEngine.from_pretrained(model, num_kv_blocks=16)

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from roseinfer.engine.engine import InferenceEngine
-from roseinfer.model.attention import ATTENTION_BACKENDS
+from roseinfer.attention.base import ATTENTION_BACKENDS
 
 
 def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:

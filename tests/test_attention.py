@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from roseinfer.model import cpu_attention
-from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention
-from roseinfer.model.cpu_attention import CpuPagedAttention
+from roseinfer.attention import cpu as cpu_attention
+from roseinfer.attention.base import AttentionMetadata, TorchPagedAttention
+from roseinfer.attention.cpu import CpuPagedAttention
 
 
 def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float32):

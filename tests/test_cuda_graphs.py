@@ -12,7 +12,7 @@ import torch
 
 from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
 from roseinfer.engine.cuda_graphs import graph_buckets
-from roseinfer.model.kernels import triton_available
+from roseinfer.kernels.triton import triton_available
 
 
 def test_buckets():

@@ -18,7 +18,7 @@ from hub_server import HubServer
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.config import PRESET_HF_IDS
 from roseinfer.hub import HUB_TIMEOUT_S
-from roseinfer.model.loader import load_weights
+from roseinfer.models.loader import load_weights
 from roseinfer.tokenizer import GPT2Tokenizer, embedded_bpe_files
 
 PROMPT = "Weights that came over HTTP"

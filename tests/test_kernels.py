@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roseinfer.model.kernels import triton_available
+from roseinfer.kernels.triton import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
 from test_attention import build_case  # noqa: E402
 
-from roseinfer.model.attention import TorchPagedAttention, TritonPagedAttention  # noqa: E402
+from roseinfer.attention.base import TorchPagedAttention, TritonPagedAttention  # noqa: E402
 
 
 def device() -> str:
@@ -48,7 +48,7 @@ DECODE_SHAPES = [
 @pytest.mark.parametrize("block_size", [1, 2, 8, 16, 32])
 @pytest.mark.parametrize("ctx, heads, head_dim", DECODE_SHAPES)
 def test_decode_kernel_matches_reference(ctx, heads, head_dim, block_size):
-    from roseinfer.model.kernels.paged_attention import paged_decode_attention
+    from roseinfer.kernels.triton.paged_attention import paged_decode_attention
 
     seqs = [(c, 1) for c in ctx]
     q, k, v, k_cache, v_cache, meta, _ = _to(
@@ -56,7 +56,7 @@ def test_decode_kernel_matches_reference(ctx, heads, head_dim, block_size):
     )
     reference = TorchPagedAttention().forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.3)
     # the reference wrote the new tokens; write them here too, then run the decode kernel alone
-    from roseinfer.model.kernels.paged_attention import write_kv
+    from roseinfer.kernels.triton.paged_attention import write_kv
 
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.full_like(q, float("nan"))
@@ -75,7 +75,7 @@ PREFILL_CASES = {
 @pytest.mark.parametrize("block_size", [4, 16, 32])
 @pytest.mark.parametrize("case", PREFILL_CASES)
 def test_prefill_kernel_matches_reference(case, block_size):
-    from roseinfer.model.kernels.paged_attention import paged_prefill_attention, write_kv
+    from roseinfer.kernels.triton.paged_attention import paged_prefill_attention, write_kv
 
     q, k, v, k_cache, v_cache, meta, _ = _to(
         build_case(PREFILL_CASES[case], block_size, 4, 32, seed=7), device()
@@ -99,7 +99,7 @@ def test_prefill_kernel_matches_reference(case, block_size):
 
 
 def test_kv_write_kernel_writes_exactly_its_slots_and_skips_padding():
-    from roseinfer.model.kernels.paged_attention import write_kv
+    from roseinfer.kernels.triton.paged_attention import write_kv
 
     dev = device()
     k_cache = torch.full((6, 4, 3, 8), -7.0, device=dev)
@@ -118,7 +118,7 @@ def test_kv_write_kernel_writes_exactly_its_slots_and_skips_padding():
 
 
 def test_decode_kernel_in_half_precision():
-    from roseinfer.model.kernels.paged_attention import paged_decode_attention, write_kv
+    from roseinfer.kernels.triton.paged_attention import paged_decode_attention, write_kv
 
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v, k_cache, v_cache, meta, _ = _to(build_case([(40, 1), (9, 1)], 16, 4, 64, seed=3), device())
@@ -163,7 +163,7 @@ def test_kernels_compile_for_hopper():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
-        [sys.executable, "-m", "roseinfer.model.kernels.compile_check"],
+        [sys.executable, "-m", "roseinfer.kernels.triton.compile_check"],
         env=env,
         capture_output=True,
         text=True,

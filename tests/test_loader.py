@@ -9,7 +9,7 @@ import torch
 
 from conftest import build_hf_tiny, hf_greedy
 from roseinfer import InferenceEngine, SamplingParams
-from roseinfer.model.loader import load_weights
+from roseinfer.models.loader import load_weights
 
 PROMPT = "A checkpoint the tests have never seen"
 

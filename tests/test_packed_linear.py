@@ -1,4 +1,4 @@
-"""The CPU projections: oneDNN's packed kernel and roseinfer's bf16 kernel (cpu_kernels/linear_bf16.c)."""
+"""The CPU projections: oneDNN's packed kernel and roseinfer's bf16 kernel (kernels/cpu/linear_bf16.c)."""
 
 import os
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from roseinfer.model import packed_linear
-from roseinfer.model.packed_linear import PackedLinear, load_bf16_linear_kernel, pack_panels, unpack_panels
+from roseinfer.models import packed_linear
+from roseinfer.models.packed_linear import PackedLinear, load_bf16_linear_kernel, pack_panels, unpack_panels
 
 needs_bf16_kernel = pytest.mark.skipif(
     load_bf16_linear_kernel() is None, reason="this CPU has no AVX512-BF16 (or no C compiler): oneDNN's kernel only"
@@ -113,7 +113,7 @@ def test_bf16_argmax_equals_torch_on_ties_negatives_and_nan(cols):
 
 
 def test_cpu_linear_restores_the_environment(monkeypatch):
-    from roseinfer.model.packed_linear import cpu_linear
+    from roseinfer.models.packed_linear import cpu_linear
 
     monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
     with cpu_linear("onednn"):
@@ -126,7 +126,7 @@ def test_cpu_linear_restores_the_environment(monkeypatch):
 
 
 def test_cpu_linear_picks_the_kernel_and_restores_the_environment(monkeypatch):
-    from roseinfer.model.packed_linear import cpu_linear
+    from roseinfer.models.packed_linear import cpu_linear
 
     if not packed_linear.packing_available(torch.device("cpu"), torch.bfloat16):
         pytest.skip("oneDNN cannot pack bf16 weights on this CPU (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from roseinfer.model.kernels import triton_available
+from roseinfer.kernels.triton import triton_available
 from roseinfer.testing.virtual_cuda import DeviceMixError, active, is_cuda, stats
 
 
@@ -102,7 +102,7 @@ def test_leaving_the_mode_restores_torch():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_a_triton_kernel_given_host_tensors_fails(virtual_cuda):
     """Issue 13, item 1: notebook 08 built the kernel's inputs on the host."""
-    from roseinfer.model.kernels.paged_attention import write_kv
+    from roseinfer.kernels.triton.paged_attention import write_kv
 
     key = torch.ones(2, 1, 4, device="cuda")
     cache = torch.zeros(3, 2, 1, 4, device="cuda")
@@ -116,11 +116,11 @@ def test_half_moved_attention_metadata_fails(virtual_cuda):
     """Issue 13, item 2: notebook 08 moved some metadata tensors to the GPU and not others."""
     from test_attention import build_case
 
-    from roseinfer.model.attention import TorchPagedAttention
+    from roseinfer.attention.base import TorchPagedAttention
 
     meta = build_case([(9, 1), (20, 1)], 4, 2, 8, seed=0)[5]
     meta.block_tables, meta.context_lens = meta.block_tables.cuda(), meta.context_lens.cuda()
-    with pytest.raises(DeviceMixError, match=r"roseinfer/model/attention.py:\d+ in plan"):
+    with pytest.raises(DeviceMixError, match=r"roseinfer/attention/base.py:\d+ in plan"):
         TorchPagedAttention().plan(meta, 4, 2)
 
 

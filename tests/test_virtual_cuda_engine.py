@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from roseinfer import InferenceEngine, SamplingParams
-from roseinfer.model.kernels import triton_available
+from roseinfer.kernels.triton import triton_available
 
 PROMPTS = ["Virtual CUDA runs", "every branch", "東京 🙂", "of the engine on a CPU " * 3]
 GREEDY = SamplingParams(max_new_tokens=5, stop_on_eos=False)

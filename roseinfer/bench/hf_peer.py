@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from roseinfer.bench.workloads import BenchRequest
-from roseinfer.model.loader import save_hf_directory
+from roseinfer.models.loader import save_hf_directory
 from roseinfer.sampling import SamplingParams
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from roseinfer.model.loader import random_weights, save_hf_directory
+from roseinfer.models.loader import random_weights, save_hf_directory
 from roseinfer.tokenizer import embedded_bpe_files
 
 GGUF_NAME = "model-f32.gguf"

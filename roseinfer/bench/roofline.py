@@ -231,7 +231,7 @@ def describe_peaks(peaks: dict) -> str:
 
 def _packed_linear_case(dev: torch.device, dtype: torch.dtype, small: bool):
     """(run, flops) of one oneDNN packed projection, 512 rows x 768 -> 3072 (gpt2's MLP), or None."""
-    from roseinfer.model.packed_linear import packing_available
+    from roseinfer.models.packed_linear import packing_available
 
     if not packing_available(dev, dtype):
         return None
@@ -243,7 +243,7 @@ def _packed_linear_case(dev: torch.device, dtype: torch.dtype, small: bool):
 
 def _packed_gemv_case(dev: torch.device, dtype: torch.dtype, small: bool):
     """(run, bytes) of one row through packed weights larger than any cache, or None."""
-    from roseinfer.model.packed_linear import packing_available
+    from roseinfer.models.packed_linear import packing_available
 
     if not packing_available(dev, dtype):
         return None

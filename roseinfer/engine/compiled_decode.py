@@ -26,8 +26,8 @@ import types
 
 import torch
 
-from roseinfer.model.attention import AttentionMetadata
-from roseinfer.model.gpt2 import GPT2
+from roseinfer.attention.base import AttentionMetadata
+from roseinfer.models.gpt2 import GPT2
 
 
 class CompiledDecode:

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from roseinfer.model.attention import AttentionMetadata
-from roseinfer.model.gpt2 import GPT2
+from roseinfer.attention.base import AttentionMetadata
+from roseinfer.models.gpt2 import GPT2
 
 
 def graph_buckets(max_batch_size: int) -> list[int]:

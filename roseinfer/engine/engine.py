@@ -28,10 +28,10 @@ from roseinfer.detokenizer import TextStream
 from roseinfer.engine.block_manager import BlockManager, blocks_for
 from roseinfer.engine.runner import BatchEntry, ModelRunner, kv_cache_bytes_per_block
 from roseinfer.engine.sequence import GenerationOutput
-from roseinfer.model.attention import default_attention_backend, make_attention_backend
-from roseinfer.model.gpt2 import GPT2
-from roseinfer.model.loader import LoadedWeights, load_weights, save_checkpoint
-from roseinfer.model.packed_linear import packing_available
+from roseinfer.attention.base import default_attention_backend, make_attention_backend
+from roseinfer.models.gpt2 import GPT2
+from roseinfer.models.loader import LoadedWeights, load_weights, save_checkpoint
+from roseinfer.models.packed_linear import packing_available
 from roseinfer.sampling import SamplingParams
 from roseinfer.tokenizer import GPT2Tokenizer
 
@@ -248,7 +248,7 @@ class InferenceEngine:
 
 
 def _check_backend_runs_here(backend: str, device: torch.device) -> None:
-    from roseinfer.model.kernels import interpreting
+    from roseinfer.kernels.triton import interpreting
 
     # Triton compiles for GPUs; on a CPU only its interpreter runs the kernels (exact, and slow).
     if backend == "triton" and device.type != "cuda" and not interpreting():

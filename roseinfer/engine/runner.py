@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from roseinfer.config import ModelConfig
-from roseinfer.model.attention import AttentionMetadata
-from roseinfer.model.gpt2 import GPT2
+from roseinfer.attention.base import AttentionMetadata
+from roseinfer.models.gpt2 import GPT2
 from roseinfer.sampling import Sampler, SamplingParams
 
 

@@ -1,6 +1,6 @@
 """Triton kernels: KV-cache write, paged decode attention, paged prefill attention.
 
-Layouts (roseinfer.model.attention): the cache of one layer is
+Layouts (roseinfer.attention.base): the cache of one layer is
 k_cache/v_cache [num_blocks, block_size, heads, head_dim]; queries, keys and
 values are packed [tokens, heads, head_dim] with head_dim contiguous. All
 accumulation is in fp32 whatever the storage dtype.

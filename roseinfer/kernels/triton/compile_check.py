@@ -1,6 +1,6 @@
 """Compile every kernel for a GPU architecture, without a GPU.
 
-    python -m roseinfer.model.kernels.compile_check [--arch 90] [--dtype fp32 bf16 fp16]
+    python -m roseinfer.kernels.triton.compile_check [--arch 90] [--dtype fp32 bf16 fp16]
 
 The Triton interpreter (how CI runs the kernels on CPU) is lenient about
 types that the real compiler rejects; compiling to a cubin for sm_90
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from roseinfer.model.kernels import paged_attention as k
+from roseinfer.kernels.triton import paged_attention as k
 
 POINTER_ARGS_INT32 = ("block_tables_ptr", "context_lens_ptr", "query_start_loc_ptr")
 

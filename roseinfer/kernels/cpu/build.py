@@ -1,4 +1,4 @@
-"""Build the C kernels of `cpu_kernels/` with the machine's compiler and load them with ctypes.
+"""Build the C kernels of `kernels/cpu/` with the machine's compiler and load them with ctypes.
 
 Each kernel is one C file, compiled at first use (`cc -O3 -march=native
 -fopenmp`, about a second) into a cache keyed by the source, the flags, the
@@ -23,9 +23,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-logger = logging.getLogger("roseinfer.model")
+logger = logging.getLogger("roseinfer.kernels")
 
-KERNELS_DIR = Path(__file__).with_name("cpu_kernels")
+KERNELS_DIR = Path(__file__).parent  # the C sources sit beside this file
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 # A compiler without OpenMP (clang without libomp) still vectorizes the loops; the kernel then runs
 # on one thread.

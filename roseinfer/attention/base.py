@@ -16,7 +16,7 @@ tokens, and any mix of them.
 `TorchPagedAttention` is the reference: gather each sequence's keys and values
 through its block table, then one padded, masked scaled-dot-product attention.
 It runs on any device and is the oracle the Triton kernels
-(`TritonPagedAttention`, roseinfer.model.kernels) are tested against.
+(`TritonPagedAttention`, roseinfer.kernels.triton) are tested against.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class TritonPagedAttention:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        from roseinfer.model.kernels import paged_attention as kernels
+        from roseinfer.kernels.triton import paged_attention as kernels
 
         kernels.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
@@ -171,11 +171,11 @@ def make_attention_backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchPagedAttention()
     if name == "cpu":
-        from roseinfer.model.cpu_attention import CpuPagedAttention
+        from roseinfer.attention.cpu import CpuPagedAttention
 
         return CpuPagedAttention()
     if name == "triton":
-        from roseinfer.model.kernels import triton_available
+        from roseinfer.kernels.triton import triton_available
 
         if not triton_available():
             raise ValueError("attention_backend 'triton' needs the triton package (pip install triton)")

@@ -10,7 +10,7 @@
 
 They run on CUDA, and on CPU tensors under the Triton interpreter
 (`TRITON_INTERPRET=1`), which is how CI checks them against the torch
-reference in roseinfer.model.attention.
+reference in roseinfer.attention.base.
 """
 
 from __future__ import annotations

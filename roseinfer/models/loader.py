@@ -145,7 +145,7 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a roseinfer checkpoint (see roseinfer.model.loader.save_checkpoint)")
+        raise ValueError(f"{path} is not a roseinfer checkpoint (see roseinfer.models.loader.save_checkpoint)")
     if payload.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"{path}: checkpoint version {payload.get('version')} is not {CHECKPOINT_VERSION}")
     config = ModelConfig(**payload["model_config"])
@@ -153,7 +153,7 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
 
 
 def random_weights(preset: str, seed: int, why: str = "no checkpoint given") -> LoadedWeights:
-    from roseinfer.model.gpt2 import GPT2
+    from roseinfer.models.gpt2 import GPT2
 
     config = PRESETS[preset]
     with torch.device("meta"):

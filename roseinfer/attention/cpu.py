@@ -1,6 +1,6 @@
 """The CPU's paged attention: a fused decode kernel that reads the block table, over the torch reference.
 
-A decode step (one new token a sequence) goes to `cpu_kernels/paged_decode.c`,
+A decode step (one new token a sequence) goes to `kernels/cpu/paged_decode.c`,
 which reads each cached key and value once, in place; the torch reference
 would first gather every sequence's context into a new tensor and then read
 that copy (three passes over the context instead of one). Prefills and mixed
@@ -23,8 +23,8 @@ import functools
 
 import torch
 
-from roseinfer.model.attention import AttentionMetadata, TorchPagedAttention, write_kv
-from roseinfer.model.cpu_build import KERNELS_DIR, load_kernel_library
+from roseinfer.attention.base import AttentionMetadata, TorchPagedAttention, write_kv
+from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
 
 SOURCE = KERNELS_DIR / "paged_decode.c"
 KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}

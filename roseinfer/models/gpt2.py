@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roseinfer.config import ModelConfig
-from roseinfer.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from roseinfer.attention.base import AttentionBackend, AttentionMetadata, TorchPagedAttention
 
 
 class CausalSelfAttention(nn.Module):
@@ -104,7 +104,7 @@ class GPT2(nn.Module):
         kept out of the module tree (and the state_dict): the embedding still
         needs the dense matrix. Call it after loading weights.
         """
-        from roseinfer.model.packed_linear import PackedLinear, pack_linears
+        from roseinfer.models.packed_linear import PackedLinear, pack_linears
 
         for block in self.h:
             block.mlp.c_fc = PackedLinear.from_linear(block.mlp.c_fc, activation="gelu_tanh")

@@ -12,7 +12,7 @@ dot products run on the bf16 units. `benchmarks/benchmark_cpu_linear.py`
 measures it per layer shape.
 
 In bf16, on a CPU with AVX512-BF16 and a C compiler, the projections use
-roseinfer's own kernel instead (`cpu_kernels/linear_bf16.c`): at the few
+roseinfer's own kernel instead (`kernels/cpu/linear_bf16.c`): at the few
 dozen rows of a decode step oneDNN's AVX512-BF16 kernel stays well under the
 bf16 units' peak, and ours reaches it (`benchmark_bf16_linear.py` shows both,
 per shape). Not on a CPU with AMX: there oneDNN's bf16 kernel (which can use
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from roseinfer.config import amx_bf16_cpu
-from roseinfer.model.cpu_build import KERNELS_DIR, load_kernel_library
+from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
 
 # The number of rows oneDNN tunes the weight layout for. Decode steps have one
 # row a running request: 32 is the middle of the batches a CPU serves (the

@@ -1,0 +1,1 @@
+"""Paged attention backends: a protocol, the torch reference, the CPU C kernel, Triton."""

@@ -1,0 +1,1 @@
+"""Kernels: C sources for the CPU (`cpu/`), Triton for CUDA (`triton/`)."""
