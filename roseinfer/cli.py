@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from roseinfer.engine.engine import InferenceEngine
 from roseinfer.attention.base import ATTENTION_BACKENDS
+from roseinfer.engine.engine import InferenceEngine
 
 
 def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from roseinfer.attention.base import default_attention_backend, make_attention_backend
 from roseinfer.config import EngineConfig, ModelConfig, resolve_dtype
 from roseinfer.detokenizer import TextStream
 from roseinfer.engine.block_manager import BlockManager, blocks_for
 from roseinfer.engine.runner import BatchEntry, ModelRunner, kv_cache_bytes_per_block
 from roseinfer.engine.sequence import GenerationOutput
-from roseinfer.attention.base import default_attention_backend, make_attention_backend
 from roseinfer.models.gpt2 import GPT2
 from roseinfer.models.loader import LoadedWeights, load_weights, save_checkpoint
 from roseinfer.models.packed_linear import packing_available

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from roseinfer.config import ModelConfig
 from roseinfer.attention.base import AttentionMetadata
+from roseinfer.config import ModelConfig
 from roseinfer.models.gpt2 import GPT2
 from roseinfer.sampling import Sampler, SamplingParams
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roseinfer.config import ModelConfig
 from roseinfer.attention.base import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from roseinfer.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):
