@@ -11,7 +11,7 @@ Two parts, both interleaved (one repeat of each variant in turn), medians with m
   (77 MB) does not fit and shows the DRAM-bound case.
 - a whole gpt2 bf16 decode step (forward, LM head, greedy pick) at batch 1 and 32,
   context 48, with every projection on one kernel or the other (two engines in
-  one process; `ROSEINFER_CPU_LINEAR=onednn` builds the oneDNN one).
+  one process; `cpu_linear="onednn"` builds the oneDNN one).
 
 Needs a CPU with AVX512-BF16. Writes results/cpu/bf16_linear.json.
 """
@@ -27,7 +27,8 @@ import torch
 from roseinfer import InferenceEngine
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
-from roseinfer.models.packed_linear import PackedLinear, cpu_linear, load_bf16_linear_kernel
+from roseinfer.kernels.cpu.bindings import load_bf16_linear_kernel
+from roseinfer.models.packed_linear import PackedLinear
 
 SHAPES = {  # name: (in, out, activation)
     "c_attn": (768, 2304, "none"),
@@ -40,8 +41,7 @@ VARIANTS = ("onednn", "roseinfer")
 
 
 def layer_for(variant: str, weight, bias, activation) -> PackedLinear:
-    with cpu_linear(variant):
-        return PackedLinear(weight, bias, activation)
+    return PackedLinear(weight, bias, activation, cpu_linear=variant)
 
 
 def time_us(fn, inner: int) -> float:
@@ -89,8 +89,8 @@ def bench_shapes(rows_list: list[int], repeats: int) -> list[dict]:
 def bench_steps(batches: list[int], context: int, repeats: int) -> list[dict]:
     engines = {}
     for v in VARIANTS:
-        with cpu_linear(v):
-            engines[v] = InferenceEngine.from_pretrained("gpt2", dtype="bfloat16", max_batch_size=max(batches))
+        engines[v] = InferenceEngine.from_pretrained("gpt2", dtype="bfloat16", max_batch_size=max(batches),
+                                                     cpu_linear=v)
     out = []
     for batch in batches:
         ms = {v: [] for v in VARIANTS}

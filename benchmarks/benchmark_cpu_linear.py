@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for name, (fan_in, fan_out) in SHAPES.items():
             weight, bias = torch.randn(fan_out, fan_in) * 0.02, torch.zeros(fan_out)
-            packed = PackedLinear(weight, bias)
+            packed = PackedLinear(weight, bias, cpu_linear="onednn")  # the packed kernel at every row count
             for rows in args.rows:
                 x = torch.randn(rows, fan_in)
                 inner = 3 if fan_out > 10000 else 20

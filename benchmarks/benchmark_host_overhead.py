@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from roseinfer import InferenceEngine, OnlineScheduler
+from roseinfer import InferenceEngine
 from roseinfer.bench.results import make_result, results_dir, write_json
 
 
@@ -28,20 +28,19 @@ def host_us_per_step(batch: int, steps: int, repeats: int) -> list[float]:
     model.forward = lambda ids, positions, kv, meta: torch.zeros(ids.shape[0], 8)
     model.compute_logits = lambda hidden: hidden
     rng = random.Random(batch)
-    scheduler = OnlineScheduler(engine, max_batch_size=batch)
+    scheduler = engine.new_scheduler(max_batch_size=batch)
     for _ in range(batch):
-        scheduler.add_request(
-            prompt_token_ids=[rng.randrange(50000) for _ in range(200)],
+        engine.add_request(scheduler, prompt_token_ids=[rng.randrange(50000) for _ in range(200)],
             max_new_tokens=steps * (repeats + 1) + 8,
             stop_on_eos=False,
         )
     for _ in range(steps):  # prefill and warm-up
-        scheduler.step()
+        engine.step(scheduler)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
-            scheduler.step()
+            engine.step(scheduler)
         runs.append((time.perf_counter() - start) / steps * 1e6)
     return runs
 

@@ -14,10 +14,10 @@ import statistics
 import tempfile
 import time
 
-from roseinfer.attention.cpu import SOURCE as ATTENTION_SOURCE
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.kernels.cpu import build as cpu_build
-from roseinfer.models.packed_linear import BF16_KERNEL_SOURCE
+from roseinfer.kernels.cpu.bindings import BF16_KERNEL_SOURCE
+from roseinfer.kernels.cpu.bindings import PAGED_DECODE_SOURCE as ATTENTION_SOURCE
 
 KERNELS = {"paged attention (paged_decode.c)": ATTENTION_SOURCE, "bf16 projections (linear_bf16.c)": BF16_KERNEL_SOURCE}
 

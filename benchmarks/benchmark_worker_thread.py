@@ -25,23 +25,22 @@ PLACEMENTS = ("main_thread", "worker_thread", "worker_thread_released")
 
 
 def step_medians(model: str, dtype: str, batches: list[int], steps: int) -> dict[int, float]:
-    from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+    from roseinfer import InferenceEngine, SamplingParams
 
     engine = InferenceEngine.from_pretrained(model, dtype=dtype)
     out = {}
     for batch in batches:
-        scheduler = OnlineScheduler(engine, max_batch_size=batch)
+        scheduler = engine.new_scheduler(max_batch_size=batch)
         for i in range(batch):
-            scheduler.add_request(
-                prompt_token_ids=[(1000 + 37 * i + t) % 50000 for t in range(32)],
+            engine.add_request(scheduler, prompt_token_ids=[(1000 + 37 * i + t) % 50000 for t in range(32)],
                 params=SamplingParams(max_new_tokens=steps + 8, stop_on_eos=False),
             )
         for _ in range(4):
-            scheduler.step()  # the prefill, then warm-up decodes
+            engine.step(scheduler)  # the prefill, then warm-up decodes
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            scheduler.step()
+            engine.step(scheduler)
             times.append(time.perf_counter() - start)
         out[batch] = statistics.median(times) * 1e3
     return out

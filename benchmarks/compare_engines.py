@@ -10,8 +10,8 @@ picks for this CPU), hf (transformers `generate`), vllm-fp32, vllm-bf16
 skipped with a line saying so.
 
 Weights: random GPT-2 124M in HF layout from a seed, converted once per peer
-format with the peer's own converter and cached (roseinfer.bench.peer_models).
-Workloads: fixed, mixed, batch1 (roseinfer.bench.engine_compare). Each engine
+format with the peer's own converter and cached (harness/peer_formats.py).
+Workloads: fixed, mixed, batch1 (harness/engine_compare.py). Each engine
 runs in its own process from its own virtualenv (benchmarks/peers/run_*.py);
 the rounds are interleaved, so machine noise hits every engine alike.
 Reports output tokens/s and ms/token (median, min–max), the fraction of
@@ -26,24 +26,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.engine_compare import WORKLOADS, build_workloads, roofline, summarize_engine
+from harness.peer_formats import add_weights_arguments, ct2_model, gguf_model, weights_cache
+from harness.peer_runs import run_engine
+
 from roseinfer.bench import plots
-from roseinfer.bench.engine_compare import (
-    WORKLOADS,
-    agreement,
-    build_workloads,
-    matching_prefix,
-    roofline,
-    summarize_engine,
-)
-from roseinfer.bench.peer_models import (
-    add_weights_arguments,
-    ct2_model,
-    gguf_model,
-    make_hf_weights,
-    weights_cache,
-)
-from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, installed, run_engine
+from roseinfer.bench.peer_models import make_hf_weights
+from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, installed
 from roseinfer.bench.results import cpu_info, make_result, read_json, results_dir, write_json
+from roseinfer.bench.same_answer import agreement, matching_prefix
 from roseinfer.config import PRESETS
 
 

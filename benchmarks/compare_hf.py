@@ -3,7 +3,7 @@
     python benchmarks/compare_hf.py --model gpt2 --repeat-runs 3
 
 Systems: roseinfer (engine.generate: the OnlineScheduler over the paged KV
-cache), hf_generate and hf_generate_batch (see roseinfer.bench.hf_peer).
+cache), hf_generate and hf_generate_batch (see harness/hf_peer.py).
 
 Workloads: "fixed" (32 prompts of 32 tokens x 32 new tokens) and "mixed"
 (32 prompts of 16-64 tokens, 8-128 new tokens). Greedy, EOS ignored, so every
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.hf_peer import hf_model_for, run_hf_generate, run_hf_generate_batch, run_roseinfer
 
 from roseinfer.bench import plots
-from roseinfer.bench.hf_peer import hf_model_for, run_hf_generate, run_hf_generate_batch, run_roseinfer
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.roofline import workload_ceiling_tok_s
 from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts

@@ -41,11 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from roseinfer import __version__
-from roseinfer.bench.peer_models import add_weights_arguments, make_hf_weights, weights_cache
-from roseinfer.bench.peers import PEERS_DIR, installed
-from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
-from roseinfer.bench.served_compare import (
+from harness.peer_formats import add_weights_arguments, weights_cache
+from harness.served_compare import (
     BACKENDS,
     SERVED_ENGINES,
     SERVED_MODEL_NAME,
@@ -53,6 +50,11 @@ from roseinfer.bench.served_compare import (
     roseinfer_faults,
     summarize,
 )
+
+from roseinfer import __version__
+from roseinfer.bench.peer_models import make_hf_weights
+from roseinfer.bench.peers import PEERS_DIR, installed
+from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
 from roseinfer.bench.serving import vllm_body
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench.instrument import MethodTimer
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.models import packed_linear
@@ -34,16 +34,15 @@ def weight_bytes(engine: InferenceEngine) -> int:
 
 def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dict:
     engine = InferenceEngine.from_pretrained(model, dtype=dtype, max_batch_size=batch)
-    scheduler = OnlineScheduler(engine, max_batch_size=batch)
+    scheduler = engine.new_scheduler(max_batch_size=batch)
     for i in range(batch):
-        scheduler.add_request(
-            prompt_token_ids=[(1000 + 37 * i + t) % 50000 for t in range(32)],
+        engine.add_request(scheduler, prompt_token_ids=[(1000 + 37 * i + t) % 50000 for t in range(32)],
             params=SamplingParams(max_new_tokens=3 * steps + 16, stop_on_eos=False),
         )
     while scheduler.last_step_stats()["num_prompt_tokens"] or scheduler.num_waiting():
-        scheduler.step()  # prefill
+        engine.step(scheduler)  # prefill
     for _ in range(3):
-        scheduler.step()  # warm-up decodes
+        engine.step(scheduler)  # warm-up decodes
     runner = engine.runner
     forward = MethodTimer(runner.model, "forward")
     head = MethodTimer(runner.model, "compute_logits")
@@ -55,7 +54,7 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
     walls = []
     for _ in range(steps):
         start = time.perf_counter()
-        scheduler.step()
+        engine.step(scheduler)
         walls.append(time.perf_counter() - start)
     step_ms = statistics.median(walls) * 1e3
     total = sum(walls)
@@ -68,7 +67,7 @@ def profile_one(model: str, batch: int, dtype: str, steps: int, top: int) -> dic
     c_kernel_ms = {name: timer.seconds / steps * 1e3 for name, timer in c_kernels.items()}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            scheduler.step()
+            engine.step(scheduler)
     ops: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         ops[event.key] += event.self_cpu_time_total / steps / 1e3

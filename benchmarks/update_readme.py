@@ -1,10 +1,11 @@
-"""Rewrite README.md's results sections from results/ (see roseinfer.bench.readme)."""
+"""Rewrite README.md's results sections from results/ (see harness/readme.py)."""
 
-from roseinfer.bench.readme import render_readme
-from roseinfer.bench.results import REPO_ROOT
+from harness.readme import render_readme
+
+from roseinfer.bench.results import repo_root
 
 if __name__ == "__main__":
-    readme = REPO_ROOT / "README.md"
+    readme = repo_root(__file__) / "README.md"
     text = readme.read_text()
     new = render_readme(text)
     readme.write_text(new)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from roseinfer.attention.base import ATTENTION_BACKENDS
+from roseinfer.attention.registry import ATTENTION_BACKENDS
 from roseinfer.engine.engine import InferenceEngine
 
 

@@ -21,6 +21,15 @@ GPT2_EOS_TOKEN_ID = 50256
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """An architecture, whatever its family: sizes, heads, vocabulary, context.
+
+    `family` names the model class (roseinfer.models.registry) that owns the
+    conversion from and to a Hugging Face config.json and state dict. The KV
+    cache is shaped by `n_kv_head` and `head_dim`: grouped-query attention
+    (several query heads sharing one KV head) keeps fewer K/V heads than
+    query heads; GPT-2 keeps one for each.
+    """
+
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
@@ -28,53 +37,19 @@ class ModelConfig:
     vocab_size: int = GPT2_VOCAB_SIZE
     layer_norm_epsilon: float = 1e-5
     eos_token_id: int = GPT2_EOS_TOKEN_ID
+    family: str = "gpt2"
+    n_kv_head: int = 0  # 0: n_head (multi-head attention)
+    head_dim: int = 0  # 0: n_embd // n_head
 
     def __post_init__(self) -> None:
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def num_parameters(self) -> int:
-        e, v, p = self.n_embd, self.vocab_size, self.n_positions
-        per_layer = 12 * e * e + 13 * e  # qkv + proj + 2 MLP matrices, their biases, 2 LayerNorms
-        return v * e + p * e + self.n_layer * per_layer + 2 * e  # lm_head is tied to wte
-
-    @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Build from a Hugging Face GPT-2 config.json (unknown keys are ignored)."""
-        activation = hf.get("activation_function", "gelu_new")
-        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"unsupported GPT-2 activation_function {activation!r}")
-        return cls(
-            n_embd=hf.get("n_embd", hf.get("hidden_size", 768)),
-            n_layer=hf.get("n_layer", hf.get("num_hidden_layers", 12)),
-            n_head=hf.get("n_head", hf.get("num_attention_heads", 12)),
-            n_positions=hf.get("n_positions", hf.get("max_position_embeddings", 1024)),
-            vocab_size=hf.get("vocab_size", GPT2_VOCAB_SIZE),
-            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-            eos_token_id=hf.get("eos_token_id") or GPT2_EOS_TOKEN_ID,
-        )
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """The config.json that HF `GPT2Config` reads back as the same architecture."""
-        return {
-            "model_type": "gpt2",
-            "architectures": ["GPT2LMHeadModel"],
-            "activation_function": "gelu_new",
-            "n_embd": self.n_embd,
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "n_positions": self.n_positions,
-            "n_ctx": self.n_positions,
-            "vocab_size": self.vocab_size,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "bos_token_id": self.eos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "tie_word_embeddings": True,
-        }
+        if not self.head_dim:
+            if self.n_embd % self.n_head:
+                raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+        if not self.n_kv_head:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -169,6 +144,9 @@ class EngineConfig:
     compile_decode: bool = False  # CPU: decode steps through torch.compile (compiled at first use; see 09)
     nvtx: bool = False  # NVTX ranges around each step's phases, for Nsight (CUDA only)
     packed_cpu_weights: bool = True  # fp32 on CPU: projections in oneDNN's layout (much faster decode)
+    # CPU projections' kernel: auto | onednn | roseinfer (bf16) | torch (F.linear); see models/packed_linear.py.
+    # ROSEINFER_CPU_LINEAR, read here once, overrides the default.
+    cpu_linear: str = dataclasses.field(default_factory=lambda: os.environ.get("ROSEINFER_CPU_LINEAR", "auto").lower())
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
     hf_model_id: str | None = None  # a Hub id: the local HF cache, else downloaded
     offline: bool = False  # never reach the Hub (as HF_HUB_OFFLINE=1)
@@ -193,5 +171,7 @@ class EngineConfig:
             raise ValueError(f"max_batch_size must be positive, got {self.max_batch_size}")
         if self.prefill_max_batch_size is not None and self.prefill_max_batch_size <= 0:
             raise ValueError(f"prefill_max_batch_size must be positive, got {self.prefill_max_batch_size}")
+        if self.cpu_linear not in ("auto", "onednn", "roseinfer", "torch"):
+            raise ValueError(f"cpu_linear must be auto, onednn, roseinfer or torch, got {self.cpu_linear!r}")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")

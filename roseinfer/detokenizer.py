@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Sequence
 
+from roseinfer.sampling import SamplingParams
 from roseinfer.tokenizer import GPT2Tokenizer
 
 
@@ -117,3 +118,23 @@ class TextStream:
                     break
                 at = text.find(stop[0], at + 1)
         return longest
+
+
+class RequestText(TextStream):
+    """One request's text: its EOS hidden, its stop strings honoured.
+
+    This is the one owner of a request's stop strings. Whoever reads a
+    request's text keeps one (`InferenceEngine.generate`, the server's
+    stream) and ends the request in the scheduler when `stopped` turns True;
+    the scheduler itself never detokenizes.
+    """
+
+    def __init__(self, tokenizer: GPT2Tokenizer, params: SamplingParams, eos_token_id: int) -> None:
+        super().__init__(tokenizer, params.stop)
+        self._params = params
+        self._eos_token_id = eos_token_id
+
+    def push(self, token_id: int) -> str:
+        if self._params.is_eos_stop(token_id, self._eos_token_id):
+            return ""  # EOS ends the text; it is counted as generated, never shown
+        return super().push(token_id)

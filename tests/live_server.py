@@ -8,7 +8,7 @@ import time
 
 import uvicorn
 
-from roseinfer.server.api import ServerSettings, create_app
+from roseinfer.server.app import ServerSettings, create_app
 from roseinfer.server.manager import SchedulerManager
 from roseinfer.server.metrics import ServerMetrics
 

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from roseinfer.attention import cpu as cpu_attention
-from roseinfer.attention.base import AttentionMetadata, TorchPagedAttention
+from roseinfer.attention.base import AttentionMetadata
 from roseinfer.attention.cpu import CpuPagedAttention
+from roseinfer.attention.torch_ref import TorchPagedAttention
+from roseinfer.kernels.cpu import bindings
 
 
 def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float32):
@@ -142,7 +144,7 @@ def test_fused_bf16_decode_matches_the_reference_in_bf16(threads):
 
 
 def test_without_a_compiler_the_cpu_backend_falls_back(monkeypatch, tmp_path, caplog):
-    cpu_attention.load_paged_decode_kernel.cache_clear()
+    bindings.load_paged_decode_kernel.cache_clear()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("ROSEINFER_KERNEL_CACHE", str(tmp_path / "kernels"))
     try:
@@ -153,14 +155,14 @@ def test_without_a_compiler_the_cpu_backend_falls_back(monkeypatch, tmp_path, ca
         out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
         assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
     finally:
-        cpu_attention.load_paged_decode_kernel.cache_clear()
+        bindings.load_paged_decode_kernel.cache_clear()
 
 
 def test_a_compiler_without_openmp_still_builds_a_one_thread_kernel(monkeypatch, tmp_path, caplog):
     cc = tmp_path / "cc-without-openmp"
     cc.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec cc "$@"\n')
     cc.chmod(0o755)
-    cpu_attention.load_paged_decode_kernel.cache_clear()
+    bindings.load_paged_decode_kernel.cache_clear()
     monkeypatch.setenv("CC", str(cc))
     monkeypatch.setenv("ROSEINFER_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setattr(cpu_attention, "SPLIT_ABOVE_ROW_TOKENS", 0)
@@ -171,7 +173,7 @@ def test_a_compiler_without_openmp_still_builds_a_one_thread_kernel(monkeypatch,
         out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25)
         assert (out.double() - contiguous_reference(*seqs, 0.25)).abs().max() <= 1e-5
     finally:
-        cpu_attention.load_paged_decode_kernel.cache_clear()
+        bindings.load_paged_decode_kernel.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -192,18 +194,18 @@ def test_fused_decode_is_exact_however_the_step_is_cut(seqs, heads, head_dim, th
 
 
 def test_a_step_of_mixed_lengths_is_cut_into_runs_of_equal_work():
-    lib = cpu_attention.load_paged_decode_kernel()
+    lib = bindings.load_paged_decode_kernel()
     if lib is None:
         pytest.skip("no C compiler: the kernel cannot be built here")
     lens = [max(1, 128 - 7 * i) for i in range(32)]  # notebook 08's case: 97% of the tokens in the first half
     for parts in (1, 2, 3, 7, 32, 40):
-        bounds = cpu_attention.split_by_work(lib, lens, parts)
+        bounds = bindings.split_by_work(lib, lens, parts)
         assert bounds[0] == 0 and bounds[-1] == len(lens) and bounds == sorted(bounds)
         work = [sum(n + 1 for n in lens[a:b]) for a, b in itertools.pairwise(bounds)]
         # each run is within one sequence's work of an equal share (a sequence is never cut)
         assert max(abs(w - sum(work) / parts) for w in work) <= max(lens) + 1, (parts, work)
-    assert cpu_attention.split_by_work(lib, [100, 100, 100, 100], 2) == [0, 2, 4]  # equal lengths: equal counts
-    assert cpu_attention.split_by_work(lib, [], 2) == [0, 0, 0]
+    assert bindings.split_by_work(lib, [100, 100, 100, 100], 2) == [0, 2, 4]  # equal lengths: equal counts
+    assert bindings.split_by_work(lib, [], 2) == [0, 0, 0]
 
 
 def test_plan_pieces_covers_every_head_within_a_calls_span():

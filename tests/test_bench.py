@@ -181,7 +181,7 @@ def test_benchmark_streaming_smoke(tmp_path):
 
 def test_benchmark_serving_smoke(tmp_path, hf_tiny_dir):
     from roseinfer import InferenceEngine
-    from roseinfer.server.api import ServerSettings, create_app
+    from roseinfer.server.app import ServerSettings, create_app
     from roseinfer.server.manager import SchedulerManager
 
     engine = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=128)
@@ -232,7 +232,7 @@ def test_compare_hf_smoke(tmp_path):
 
 
 def test_greedy_agreement_measures():
-    from roseinfer.bench.engine_compare import agreement, matching_prefix
+    from roseinfer.bench.same_answer import agreement, matching_prefix
 
     reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
     drifted = [[1, 2, 3, 4], [5, 6, 0, 0]]  # the second request flips at its third token

@@ -13,14 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roseinfer.bench.readme import compare_served_section
-from roseinfer.bench.served_compare import (
+from harness.readme import compare_served_section
+from harness.served_compare import (
     SERVED_ENGINES,
     response_checks,
     server_env,
     summary_from_vllm_bench,
     vllm_compile,
 )
+
 from roseinfer.bench.serving import vllm_body, vllm_random_texts
 from roseinfer.tokenizer import GPT2Tokenizer
 

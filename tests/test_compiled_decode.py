@@ -3,17 +3,17 @@
 import pytest
 import torch
 
-from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer import InferenceEngine, SamplingParams
 
 PROMPTS = [f"compiled row {i} " * (i + 1) for i in range(5)]
 
 
 def run(engine, prompts, params, max_batch_size=4):
     """Through the scheduler, so the batch shrinks and grows (batch 1 included) and prefills interleave."""
-    scheduler = OnlineScheduler(engine, max_batch_size=max_batch_size)
-    rids = [scheduler.add_request(prompt=p, params=params) for p in prompts]
+    scheduler = engine.new_scheduler(max_batch_size=max_batch_size)
+    rids = [engine.add_request(scheduler, prompt=p, params=params) for p in prompts]
     while scheduler.has_unfinished():
-        scheduler.step()
+        engine.step(scheduler)
     return [scheduler.pop_response(r).token_ids for r in rids]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.engine.cuda_graphs import graph_buckets
 from roseinfer.kernels.triton import triton_available
 
@@ -60,10 +60,10 @@ def test_padded_static_buffer_decode_gives_the_same_tokens(hf_tiny_dir, engine_d
     params = SamplingParams(max_new_tokens=10, stop_on_eos=False)
     expected = [o.token_ids for o in reference.generate(prompts, params)]
     # 5 requests decode in the 6-row bucket: one padding row in every decode step
-    scheduler = OnlineScheduler(engine, max_batch_size=6)
-    rids = [scheduler.add_request(prompt=p, params=params) for p in prompts]
+    scheduler = engine.new_scheduler(max_batch_size=6)
+    rids = [engine.add_request(scheduler, prompt=p, params=params) for p in prompts]
     while scheduler.has_unfinished():
-        scheduler.step()
+        engine.step(scheduler)
     assert [scheduler.pop_response(r).token_ids for r in rids] == expected
     assert calls and set(calls) == {5}
     # A batch larger than the largest graph falls back to eager.

@@ -84,17 +84,17 @@ def test_no_prefix_cache_scheduler_matches_the_cache_and_finds_nothing(engine):
     params = [SamplingParams(max_new_tokens=r.max_new_tokens, stop_on_eos=False) for r in workload]
 
     def tokens(scheduler) -> list[list[int]]:
-        ids = [scheduler.add_request(prompt_token_ids=r.prompt_token_ids, params=p) for r, p in zip(workload, params)]
+        ids = [engine.add_request(scheduler, prompt_token_ids=r.prompt_token_ids, params=p) for r, p in zip(workload, params)]
         while scheduler.has_unfinished():
-            scheduler.step()
+            engine.step(scheduler)
         return [scheduler.pop_response(i).token_ids for i in ids]
 
     engine.block_manager.reset_prefix_cache()
-    before = tokens(NoPrefixCacheScheduler(engine, enable_prefix_cache=True))  # the option cannot turn it on
+    before = tokens(engine.new_scheduler(NoPrefixCacheScheduler, enable_prefix_cache=True))  # the option cannot turn it on
     engine.block_manager.reset_prefix_cache()
-    assert before == tokens(OnlineScheduler(engine, enable_prefix_cache=False))
+    assert before == tokens(engine.new_scheduler(enable_prefix_cache=False))
     engine.block_manager.reset_prefix_cache()
-    assert before == tokens(OnlineScheduler(engine, enable_prefix_cache=True))
+    assert before == tokens(engine.new_scheduler(enable_prefix_cache=True))
 
     # Arriving one after another, the later requests of a prefix find it only with the cache.
     for cls, expect_hits in ((NoPrefixCacheScheduler, False), (OnlineScheduler, True)):

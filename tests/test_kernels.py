@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 
 from test_attention import build_case  # noqa: E402
 
-from roseinfer.attention.base import TorchPagedAttention, TritonPagedAttention  # noqa: E402
+from roseinfer.attention.torch_ref import TorchPagedAttention  # noqa: E402
+from roseinfer.attention.triton import TritonPagedAttention  # noqa: E402
 
 
 def device() -> str:
@@ -133,7 +134,7 @@ def test_decode_kernel_in_half_precision():
 
 
 def test_triton_backend_generates_the_torch_backends_tokens(hf_tiny_dir, engine_device):
-    from roseinfer import InferenceEngine, OnlineScheduler, SamplingParams
+    from roseinfer import InferenceEngine, SamplingParams
 
     prompts = ["Triton and torch agree", "on every token", "東京 🙂"]
     params = SamplingParams(max_new_tokens=8, stop_on_eos=False)
@@ -148,10 +149,10 @@ def test_triton_backend_generates_the_torch_backends_tokens(hf_tiny_dir, engine_
     assert isinstance(engine.runner.model.attention, TritonPagedAttention)
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected
     # chunked prefill and prefix-cache hits go through the prefill kernel on top of cached blocks
-    scheduler = OnlineScheduler(engine, max_num_batched_tokens=5)
-    rids = [scheduler.add_request(prompt=p, params=params) for p in prompts]
+    scheduler = engine.new_scheduler(max_num_batched_tokens=5)
+    rids = [engine.add_request(scheduler, prompt=p, params=params) for p in prompts]
     while scheduler.has_unfinished():
-        scheduler.step()
+        engine.step(scheduler)
     assert [scheduler.pop_response(r).token_ids for r in rids] == expected
 
 

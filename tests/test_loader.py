@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -82,8 +84,9 @@ def test_random_init_is_seeded():
 
 def test_presets_have_gpt2_shapes():
     from roseinfer.config import PRESETS
+    from roseinfer.models.registry import num_parameters
 
-    sizes = {name: round(cfg.num_parameters() / 1e6) for name, cfg in PRESETS.items()}
+    sizes = {name: round(num_parameters(cfg) / 1e6) for name, cfg in PRESETS.items()}
     assert sizes["gpt2"] == 124 and sizes["gpt2-medium"] == 355
     assert sizes["gpt2-large"] == 774 and sizes["gpt2-xl"] == 1558
     assert sizes["gpt2-tiny"] < 5
@@ -102,3 +105,49 @@ def test_unknown_names_and_bad_files_are_clear_errors(tmp_path):
         load_weights(str(empty_dir))
     with pytest.raises(TypeError, match="unknown engine option"):
         InferenceEngine.from_pretrained("gpt2-tiny", num_kv_blockz=3)
+
+
+def test_a_new_family_is_one_class_and_one_registry_line(tmp_path, hf_tiny_dir, monkeypatch):
+    """A family registered under its model_type loads from an HF directory and runs in the engine."""
+    from roseinfer.models import registry
+    from roseinfer.models.gpt2 import GPT2
+
+    class Renamed(GPT2):  # the same architecture under another model_type: the seam, not the maths
+        model_type = "gpt2-renamed"
+
+        @staticmethod
+        def config_from_hf(hf):
+            return dataclasses.replace(GPT2.config_from_hf(hf), family="gpt2-renamed")
+
+    monkeypatch.setitem(registry.MODEL_FAMILIES, Renamed.model_type, Renamed)
+    renamed = tmp_path / "renamed"
+    shutil.copytree(hf_tiny_dir, renamed)
+    config = json.loads((renamed / "config.json").read_text())
+    (renamed / "config.json").write_text(json.dumps({**config, "model_type": "gpt2-renamed"}))
+    params = SamplingParams(max_new_tokens=6, stop_on_eos=False)
+    base = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=32)
+    other = InferenceEngine.from_pretrained(str(renamed), num_kv_blocks=32)
+    assert isinstance(other.runner.model, Renamed) and other.describe()["family"] == "gpt2-renamed"
+    assert other.generate(["seam"], params)[0].token_ids == base.generate(["seam"], params)[0].token_ids
+
+
+def test_unknown_families_are_refused_by_name(tmp_path, hf_tiny_dir):
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_tiny_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    with pytest.raises(ValueError, match="'mamba' is not supported; roseinfer runs gpt2"):
+        load_weights(str(bad))
+
+
+def test_the_kv_cache_is_shaped_by_kv_heads_and_head_dim():
+    from roseinfer.config import ModelConfig
+    from roseinfer.engine.runner import kv_cache_bytes_per_block
+
+    gqa = ModelConfig(n_embd=64, n_layer=2, n_head=8, n_kv_head=2, head_dim=16)
+    mha = ModelConfig(n_embd=64, n_layer=2, n_head=8)
+    assert (mha.n_kv_head, mha.head_dim) == (8, 8)
+    # 2 (K and V) x layers x block x KV heads x head size x 4 bytes
+    assert kv_cache_bytes_per_block(gqa, 16, torch.float32) == 2 * 2 * 16 * 2 * 16 * 4
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        ModelConfig(n_embd=64, n_head=8, n_kv_head=3)

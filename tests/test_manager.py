@@ -229,17 +229,17 @@ def test_invalid_requests_are_refused_in_the_callers_thread(engine):
         manager.close()
 
 
-def test_tokenize_workers_tokenize_off_the_callers_thread(engine):
+def test_tokenize_workers_tokenize_off_the_callers_thread(engine, monkeypatch):
     expected = [o.text for o in engine.generate(PROMPTS, GREEDY)]
     manager = SchedulerManager(engine, tokenize_workers=2)
-    tokenizing_threads = set()
-    validate = manager._scheduler.validate_request
+    tokenizing_threads = []
+    validate = engine.validate
 
     def recording_validate(*args):
-        tokenizing_threads.add(threading.current_thread().name)
+        tokenizing_threads.append(threading.current_thread().name)
         return validate(*args)
 
-    manager._scheduler.validate_request = recording_validate
+    monkeypatch.setattr(engine, "validate", recording_validate)
     try:
         streams = [manager.submit(prompt=p, params=GREEDY) for p in PROMPTS]
         texts = ["".join(s.pieces(timeout=60)) for s in streams]
@@ -250,8 +250,8 @@ def test_tokenize_workers_tokenize_off_the_callers_thread(engine):
     finally:
         manager.close()
     assert texts == expected
-    # (The worker validates again in scheduler.add_request; the caller never tokenizes.)
-    assert threading.current_thread().name not in tokenizing_threads
-    assert any(n.startswith("roseinfer-tokenize") for n in tokenizing_threads)
+    # Validated once a request, in the pool: never by the caller, never again by the worker.
+    assert len(tokenizing_threads) == len(PROMPTS) + 1
+    assert all(n.startswith("roseinfer-tokenize") for n in tokenizing_threads)
     assert all(s.timings.submit <= s.timings.tokenized <= s.timings.queued for s in streams)
     assert manager.stats()["inflight_requests"] == 0

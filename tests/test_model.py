@@ -7,7 +7,7 @@ import torch
 
 from conftest import hf_greedy
 from roseinfer import SamplingParams
-from roseinfer.engine.runner import BatchEntry
+from roseinfer.engine.batch import BatchEntry
 
 PROMPTS = [
     "Hello world, this is a test",

@@ -1,13 +1,13 @@
-"""The CPU projections: oneDNN's packed kernel and roseinfer's bf16 kernel (kernels/cpu/linear_bf16.c)."""
-
-import os
+"""The CPU projections: oneDNN's packed kernel, roseinfer's bf16 kernel (kernels/cpu/linear_bf16.c), F.linear."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from roseinfer.config import EngineConfig
+from roseinfer.kernels.cpu.bindings import argmax_bf16, load_bf16_linear_kernel, pack_panels, unpack_panels
 from roseinfer.models import packed_linear
-from roseinfer.models.packed_linear import PackedLinear, load_bf16_linear_kernel, pack_panels, unpack_panels
+from roseinfer.models.packed_linear import PackedLinear
 
 needs_bf16_kernel = pytest.mark.skipif(
     load_bf16_linear_kernel() is None, reason="this CPU has no AVX512-BF16 (or no C compiler): oneDNN's kernel only"
@@ -17,7 +17,7 @@ needs_bf16_kernel = pytest.mark.skipif(
 @pytest.fixture
 def roseinfer_kernel(monkeypatch):
     """roseinfer's kernel for the layers a test builds, whatever the CPU's default (oneDNN's where it has AMX)."""
-    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
+    monkeypatch.setattr(packed_linear, "amx_bf16_cpu", lambda: False)
 
 
 def reference(x, weight, bias, activation):
@@ -81,13 +81,12 @@ def test_panels_round_trip():
     assert torch.equal(unpack_panels(packed, 70), weight)
 
 
-def test_onednn_can_be_chosen_for_bf16(monkeypatch):
-    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "onednn")
+def test_onednn_can_be_chosen_for_bf16():
     if not packed_linear.packing_available(torch.device("cpu"), torch.bfloat16):
         pytest.skip("no bf16 oneDNN on this CPU")
     torch.manual_seed(2)
     weight, bias = (torch.randn(48, 64) * 0.1).bfloat16(), torch.randn(48).bfloat16()
-    layer = PackedLinear(weight, bias, "gelu_tanh")
+    layer = PackedLinear(weight, bias, "gelu_tanh", cpu_linear="onednn")
     assert layer.kernel == "onednn"
     x = torch.randn(3, 64).bfloat16()
     expected = reference(x, weight, bias, "gelu_tanh")
@@ -108,53 +107,91 @@ def test_bf16_argmax_equals_torch_on_ties_negatives_and_nan(cols):
     cases.append(with_nan)
     for logits in cases:
         logits = logits.bfloat16()
-        assert torch.equal(packed_linear.argmax_bf16(logits), logits.float().argmax(dim=-1))
-    assert packed_linear.argmax_bf16(torch.randn(2, cols)) is None  # fp32: torch's own argmax
+        assert torch.equal(argmax_bf16(logits), logits.float().argmax(dim=-1))
+    assert argmax_bf16(torch.randn(2, cols)) is None  # fp32: torch's own argmax
 
 
-def test_cpu_linear_restores_the_environment(monkeypatch):
-    from roseinfer.models.packed_linear import cpu_linear
-
-    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
-    with cpu_linear("onednn"):
-        assert os.environ["ROSEINFER_CPU_LINEAR"] == "onednn"
-    assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"
+def test_the_choice_is_a_config_field_the_variable_overrides_when_the_config_is_built(monkeypatch):
+    monkeypatch.delenv("ROSEINFER_CPU_LINEAR", raising=False)
+    assert EngineConfig().cpu_linear == "auto"
+    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "OneDNN")
+    config = EngineConfig()
     monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
-    with cpu_linear("roseinfer"):
-        assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"
-    assert "ROSEINFER_CPU_LINEAR" not in os.environ
+    assert config.cpu_linear == "onednn"  # read once, when the config was built
+    assert EngineConfig(cpu_linear="torch").cpu_linear == "torch"
 
 
-def test_cpu_linear_picks_the_kernel_and_restores_the_environment(monkeypatch):
-    from roseinfer.models.packed_linear import cpu_linear
-
-    if not packed_linear.packing_available(torch.device("cpu"), torch.bfloat16):
-        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
-    monkeypatch.setenv("ROSEINFER_CPU_LINEAR", "roseinfer")
-    weight = torch.randn(64, 32).bfloat16()
-    with cpu_linear("onednn"):
-        assert PackedLinear(weight, None).kernel == "onednn"
-    assert os.environ["ROSEINFER_CPU_LINEAR"] == "roseinfer"  # what was there before, back
-    monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
-    with cpu_linear("roseinfer"):
-        expected = "roseinfer" if load_bf16_linear_kernel() is not None else "onednn"
-        assert PackedLinear(weight, None).kernel == expected
-    assert "ROSEINFER_CPU_LINEAR" not in os.environ
-    with pytest.raises(ValueError, match="roseinfer"), cpu_linear("mkl"):
-        pass
+def test_an_unknown_choice_is_refused_and_torch_means_f_linear():
+    weight, bias = torch.randn(48, 64), torch.randn(48)
+    with pytest.raises(ValueError, match="cpu_linear"):
+        PackedLinear(weight, bias, cpu_linear="mkl")
+    layer = PackedLinear(weight, bias, "gelu_tanh", cpu_linear="torch")
+    assert layer.kernel == "torch" and layer._dense.data_ptr() == weight.data_ptr()  # no copy
+    x = torch.randn(5, 64)
+    assert torch.equal(layer(x), F.gelu(F.linear(x, weight, bias), approximate="tanh"))
+    assert torch.equal(layer.state_dict()["weight"], weight)
 
 
 def test_bf16_projections_go_to_onednn_on_an_amx_cpu(monkeypatch):
     # where the kernel can run: ours by default, oneDNN's where the CPU has AMX tiles, the variable overriding both
     if load_bf16_linear_kernel() is None:
         pytest.skip("roseinfer's bf16 kernel cannot run on this CPU (no AVX512-BF16 or no compiler)")
-    monkeypatch.delenv("ROSEINFER_CPU_LINEAR", raising=False)
     weight = torch.randn(64, 32).bfloat16()
     for amx, default in ((False, "roseinfer"), (True, "onednn")):
         monkeypatch.setattr(packed_linear, "amx_bf16_cpu", lambda amx=amx: amx)
         assert PackedLinear(weight, None).kernel == default
         for choice in ("roseinfer", "onednn"):
-            monkeypatch.setenv("ROSEINFER_CPU_LINEAR", choice)
-            assert PackedLinear(weight, None).kernel == choice
-        monkeypatch.delenv("ROSEINFER_CPU_LINEAR")
+            assert PackedLinear(weight, None, cpu_linear=choice).kernel == choice
     assert not packed_linear.bf16_kernel_wanted(torch.float32)  # fp32 is oneDNN's whatever the CPU
+
+
+def test_the_fp32_row_threshold_is_where_f_linear_stops_winning():
+    # (F.linear seconds, packed seconds) by rows: F.linear wins at 1 and 2, loses at 4
+    timings = {1: (30e-6, 80e-6), 2: (40e-6, 85e-6), 4: (90e-6, 88e-6), 8: (10e-6, 99e-6)}
+    assert packed_linear.small_rows_threshold(timings.__getitem__) == 2  # one threshold: stops at the first loss
+    assert packed_linear.small_rows_threshold(lambda rows: (2.0, 1.0)) == 0  # oneDNN wins everywhere
+    assert packed_linear.small_rows_threshold(lambda rows: (1.0, 2.0)) == packed_linear.SMALL_ROWS_PROBE[-1]
+
+
+def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(packed_linear, "_time_fp32_linears", lambda rows: calls.append(rows) or (1.0, 2.0))
+    packed_linear.fp32_small_rows.cache_clear()
+    try:
+        weight = torch.randn(16, 8)
+        assert PackedLinear(weight, None).small_rows == PackedLinear(weight, None).small_rows == 8
+        assert calls == list(packed_linear.SMALL_ROWS_PROBE)
+        assert PackedLinear(weight, None, cpu_linear="onednn").small_rows == 0  # a named kernel is not second-guessed
+    finally:
+        packed_linear.fp32_small_rows.cache_clear()
+    a, b = packed_linear._time_fp32_linears(1)  # the real timer runs and gives two durations
+    assert a > 0 and b > 0
+
+
+def test_fp32_rows_up_to_the_threshold_take_f_linear_on_the_same_weight(monkeypatch):
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: 4)
+    torch.manual_seed(3)
+    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
+    layer = PackedLinear(weight, bias, "gelu_tanh")
+    assert layer.kernel == "onednn" and layer._dense.data_ptr() == weight.data_ptr()  # a view, no second copy
+    for rows in (1, 4, 9):
+        x = torch.randn(rows, 64)
+        plain = F.gelu(F.linear(x, weight, bias), approximate="tanh")
+        if rows <= 4:
+            assert torch.equal(layer(x), plain)  # F.linear itself
+        else:
+            assert torch.allclose(layer(x), plain, atol=1e-5)  # oneDNN's packed kernel
+    assert PackedLinear(weight, bias, cpu_linear="onednn")._dense is None  # nothing kept where it is not read
+
+
+def test_the_lm_head_keeps_no_second_dense_copy(monkeypatch):
+    from roseinfer.config import ModelConfig
+    from roseinfer.models.gpt2 import GPT2
+
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: 4)
+    model = GPT2(ModelConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)).eval()
+    model.pack_for_cpu()
+    head = model.__dict__["_packed_lm_head"]
+    assert head._dense.data_ptr() == model.wte.weight.data_ptr()
+    hidden = torch.randn(2, 32)
+    assert torch.equal(model.compute_logits(hidden), F.linear(hidden, model.wte.weight))

@@ -15,6 +15,7 @@ import torch
 
 from live_server import free_port
 from roseinfer.server.__main__ import build_app, build_parser
+from roseinfer.server.manager import SchedulerManager
 
 
 def app_for(*argv: str):
@@ -51,9 +52,9 @@ def test_engine_and_model_flags(hf_tiny_dir, tmp_path):
         assert engine.weights.source == "hf-directory"
         assert engine.dtype == torch.bfloat16 and engine.device.type == "cpu"
         assert engine.num_kv_blocks == 77 and engine.config.block_size == 8
-        assert manager._scheduler.max_batch_size == 5
-        assert manager._scheduler.max_num_batched_tokens == 99
-        assert manager._scheduler.enable_prefix_cache is False
+        limits = manager._scheduler.limits
+        assert limits.max_batch_size == 5 and limits.max_num_batched_tokens == 99
+        assert limits.enable_prefix_cache is False
         assert manager.stream_interval == 4 and manager.max_inflight_requests == 3
         assert settings.served_model_name == "mine"
     finally:
@@ -86,7 +87,7 @@ def test_weights_flags(hf_tiny_dir, tmp_path, monkeypatch):
         app_for("--model", "gpt2-tiny", "--tokenizer-name", str(tmp_path / "no-tokenizer"))
 
 
-def test_api_key_chat_template_and_variant_flags(tmp_path, monkeypatch):
+def test_api_key_and_chat_template_flags(tmp_path, monkeypatch):
     template = tmp_path / "chat.jinja"
     template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
     app = app_for(
@@ -98,8 +99,6 @@ def test_api_key_chat_template_and_variant_flags(tmp_path, monkeypatch):
         "k1",
         "--chat-template",
         str(template),
-        "--manager-variant",
-        "polling",
         "--max-request-bytes",
         "1234",
     )
@@ -107,7 +106,8 @@ def test_api_key_chat_template_and_variant_flags(tmp_path, monkeypatch):
         s = app.state.settings
         assert s.api_key == "k1" and s.max_request_bytes == 1234
         assert s.chat.render([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
-        assert app.state.manager.variant == "polling"
+        # Always the production manager: earlier variants are built by the benchmark scripts only.
+        assert type(app.state.manager) is SchedulerManager
     finally:
         app.state.manager.close()
     monkeypatch.setenv("ROSEINFER_API_KEY", "from-env")
@@ -182,7 +182,7 @@ def test_seed_engine_flags_and_served_model_names(monkeypatch):
         assert engine.attention_backend == "cpu"  # --paged-attn: this device's paged-attention kernels
         assert engine.describe()["nvtx"] is False  # accepted, and reported off on a CPU
         assert engine.config.nvtx is True
-        assert app.state.manager._scheduler.prefill_max_batch_size == 3
+        assert app.state.manager._scheduler.limits.prefill_max_batch_size == 3
         # The seed posts' clients ask for 'roseinfer-gpt2', served beside the model's own name.
         assert app.state.settings.model_names == ("gpt2-tiny", "roseinfer-gpt2")
     finally:
@@ -215,3 +215,15 @@ def test_nvtx_ranges_name_each_phase_of_a_step(engine, monkeypatch):
     monkeypatch.setattr(engine.runner, "nvtx", True)
     engine.generate("Hi", SamplingParams(max_new_tokens=2))
     assert {"roseinfer.prepare", "roseinfer.forward", "roseinfer.sample"} <= set(names)
+
+
+def test_no_manager_variant_flag_and_no_history_in_the_server():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--manager-variant", "polling"])
+    # The server's import graph stays clear of the earlier versions kept for the notebooks.
+    code = (
+        "import sys, roseinfer.server.__main__, roseinfer.server.app; "
+        "print(sorted(m for m in sys.modules if m.startswith('roseinfer.history')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

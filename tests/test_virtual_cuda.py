@@ -116,11 +116,11 @@ def test_half_moved_attention_metadata_fails(virtual_cuda):
     """Issue 13, item 2: notebook 08 moved some metadata tensors to the GPU and not others."""
     from test_attention import build_case
 
-    from roseinfer.attention.base import TorchPagedAttention
+    from roseinfer.attention.torch_ref import TorchPagedAttention
 
     meta = build_case([(9, 1), (20, 1)], 4, 2, 8, seed=0)[5]
     meta.block_tables, meta.context_lens = meta.block_tables.cuda(), meta.context_lens.cuda()
-    with pytest.raises(DeviceMixError, match=r"roseinfer/attention/base.py:\d+ in plan"):
+    with pytest.raises(DeviceMixError, match=r"roseinfer/attention/torch_ref.py:\d+ in plan"):
         TorchPagedAttention().plan(meta, 4, 2)
 
 

@@ -6,7 +6,7 @@ parameters, shrunk) under virtual CUDA, so the `if P["device"] == "cuda"`
 branches, `device=P["device"]` engines and servers started with `--device
 cuda` all execute, and a tensor or generator on the wrong device fails the
 notebook with the cell and line. Servers the notebooks start inherit the
-mode through ROSEINFER_VIRTUAL_CUDA=1. What this cannot check is the GPU's
+mode through `virtual_cuda.process_env()`. What this cannot check is the GPU's
 numbers: timings taken here are of a CPU and are thrown away.
 """
 
@@ -39,7 +39,10 @@ def test_notebook_gpu_branch_at_tiny_sizes(name, virtual_cuda, monkeypatch, tmp_
     import matplotlib.pyplot as plt
 
     monkeypatch.setenv("ROSEINFER_NOTEBOOK_SIZES", "tiny")
-    monkeypatch.setenv("ROSEINFER_VIRTUAL_CUDA", "1")  # for the servers a notebook starts
+    from roseinfer.testing.virtual_cuda import process_env
+
+    for key in ("ROSEINFER_VIRTUAL_CUDA", "PYTHONPATH"):  # for the servers a notebook starts
+        monkeypatch.setenv(key, process_env()[key])
     monkeypatch.setenv("ROSEINFER_RESULTS_DIR", str(tmp_path))
     monkeypatch.chdir(REPO / "notebooks")
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 import transformers
+from harness.hf_peer import run_hf_generate
 from runner_io import Requests, run
 
-from roseinfer.bench.hf_peer import run_hf_generate
 from roseinfer.bench.workloads import BenchRequest
 
 

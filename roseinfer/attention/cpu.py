@@ -6,8 +6,8 @@ would first gather every sequence's context into a new tensor and then read
 that copy (three passes over the context instead of one). Prefills and mixed
 steps keep the reference path, whose cost is dominated by the projections.
 
-The kernel is plain C, compiled at first use by `cpu_build` and loaded with
-ctypes. Its OpenMP loop runs on torch's own worker threads, which are still
+The kernel is plain C (`kernels/cpu/paged_decode.c`), compiled at first use by
+`kernels/cpu/build.py` and bound in `kernels/cpu/bindings.py`. Its OpenMP loop runs on torch's own worker threads, which are still
 spinning from the projection before it. A step big enough to be worth it is
 cut by sequences (runs of about equal work, so mixed context lengths keep every thread busy), or at
 batch 1 by heads.
@@ -18,58 +18,32 @@ compiler without OpenMP gives a one-thread kernel.
 
 from __future__ import annotations
 
-import ctypes
 import functools
+import logging
 
 import torch
 
-from roseinfer.attention.base import AttentionMetadata, TorchPagedAttention, write_kv
-from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
+from roseinfer.attention.base import AttentionMetadata, write_kv
+from roseinfer.attention.torch_ref import TorchPagedAttention
+from roseinfer.kernels.cpu.bindings import (
+    PAGED_DECODE_KERNELS,
+    PAGED_DECODE_SOURCE,
+    STATUS_BAD_SLOT,
+    STATUS_BAD_TABLE,
+    bad_block_table,
+    kernel_limits,
+    load_paged_decode_kernel,
+)
 
-SOURCE = KERNELS_DIR / "paged_decode.c"
-KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+logger = logging.getLogger("roseinfer.attention")
+
+SOURCE = PAGED_DECODE_SOURCE  # what notebook 08 shows
+KERNELS = PAGED_DECODE_KERNELS
 # Prompts (chunks) up to this many new tokens go through the kernel too (see prefill()); longer
 # ones through SDPA, whose tiles beat re-reading the context once a query token.
 PREFILL_MAX_QUERY = 128
 SPLIT_ABOVE_ROW_TOKENS = 4096  # (sequences x context x heads) below which one thread does the whole step
-
-
-@functools.cache
-def load_paged_decode_kernel() -> ctypes.CDLL | None:
-    """The compiled kernel library, building it if needed; None (and one log line) if it cannot be."""
-    lib = load_kernel_library(SOURCE, "CPU decode attention", "the torch path")
-    if lib is None:
-        return None
-    for name in KERNELS.values():
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = (
-            [ctypes.c_void_p] * 4  # q, new k, new v, slots
-            + [ctypes.c_int64] * 2  # their token stride, cache slots
-            + [ctypes.c_void_p] * 5  # k cache, v cache, block tables, context lens, out
-            + [ctypes.c_int64] * 8
-            + [ctypes.c_float]
-        )
-    for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size",
-                 "paged_decode_max_seq_parts"):
-        getattr(lib, name).restype = ctypes.c_int
-    lib.paged_decode_split.restype = None
-    lib.paged_decode_split.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return lib
-
-
-def kernel_limits(lib: ctypes.CDLL) -> tuple[int, int, int, int]:
-    """(elements, heads) one call may span, the largest cache block it takes, and the most runs of sequences."""
-    return (lib.paged_decode_max_span(), lib.paged_decode_max_span_heads(), lib.paged_decode_max_block_size(),
-            lib.paged_decode_max_seq_parts())
-
-
-def split_by_work(lib: ctypes.CDLL, context_lens: list[int], parts: int) -> list[int]:
-    """The kernel's cut of a step's sequences into `parts` runs of about equal work (run p: bounds[p]:bounds[p+1])."""
-    lens = torch.tensor(context_lens, dtype=torch.int32)
-    bounds = torch.empty(parts + 1, dtype=torch.int64)
-    lib.paged_decode_split(lens.data_ptr(), len(context_lens), parts, bounds.data_ptr())
-    return bounds.tolist()
+_refusals_logged: set[str] = set()
 
 
 def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span: int,
@@ -80,7 +54,7 @@ def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span
     heads are shared out too. Heads always come in groups one call can span.
     """
     group = max(1, min(heads, max_span_heads, max_span // head_dim))
-    if num_seqs >= threads:
+    if num_seqs >= threads or num_seqs == 0:
         return threads, group
     per_seq = -(-threads // num_seqs)  # threads a sequence gets
     return num_seqs, min(group, -(-heads // per_seq))
@@ -103,7 +77,9 @@ class CpuPagedAttention(TorchPagedAttention):
 
     def __init__(self, num_threads: int | None = None) -> None:
         self.kernel = load_paged_decode_kernel()
-        self.num_threads = num_threads or torch.get_num_threads()
+        # None: torch's thread count, read at every call (torch.set_num_threads may change it after the
+        # backend is built, and the projections around the kernel follow it at once).
+        self.num_threads = num_threads
         self.max_span, self.max_span_heads, self.max_block_size, self.max_seq_parts = (
             kernel_limits(self.kernel) if self.kernel is not None else (0, 0, 0, 0)
         )
@@ -122,14 +98,7 @@ class CpuPagedAttention(TorchPagedAttention):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        fits = (
-            self.kernel is not None
-            and query.device.type == "cpu"
-            and query.dtype in KERNELS
-            and k_cache.is_contiguous()
-            and k_cache.shape[1] <= self.max_block_size
-            and query.shape[-1] <= self.max_span
-        )
+        fits = self.kernel is not None and self._kernel_takes(query, key, value, k_cache, v_cache)
         if fits and meta.is_decode_only:
             if torch.compiler.is_compiling():  # one opaque operator for torch.compile: see cpu_decode_attention
                 return torch.ops.roseinfer.cpu_decode_attention(
@@ -140,6 +109,15 @@ class CpuPagedAttention(TorchPagedAttention):
         if fits and meta.max_query_len <= PREFILL_MAX_QUERY and not torch.compiler.is_compiling():
             return self.prefill(query, key, value, k_cache, v_cache, meta, scale)
         return super().forward(query, key, value, k_cache, v_cache, meta, scale)
+
+    def _kernel_takes(self, query, key, value, k_cache, v_cache) -> bool:
+        """Whether the kernel can read these tensors as they are; if not, say why in the log (once a reason)."""
+        reason = kernel_refusal(query, key, value, k_cache, v_cache, self.max_block_size, self.max_span)
+        if reason is not None and reason not in _refusals_logged:
+            _refusals_logged.add(reason)
+            logger.warning("roseinfer: the CPU attention kernel cannot take this step (%s); the torch path does",
+                           reason)
+        return reason is None
 
     def decode(
         self,
@@ -194,8 +172,9 @@ class CpuPagedAttention(TorchPagedAttention):
             lens = meta.context_lens.to(torch.int64)[seq] - (starts[1:][seq] - torch.arange(query.shape[0])) + 1
             state["cpu_token_tables"] = meta.block_tables.to(torch.int32)[seq].contiguous()
             state["cpu_token_lens"] = lens.to(torch.int32)
+            state["cpu_token_seqs"] = seq
         return self._attend(query, k_cache, v_cache, state["cpu_token_tables"], state["cpu_token_lens"],
-                            meta.max_context_len, scale)
+                            meta.max_context_len, scale, row_seqs=state["cpu_token_seqs"])
 
     def _attend(
         self,
@@ -209,6 +188,7 @@ class CpuPagedAttention(TorchPagedAttention):
         key: torch.Tensor | None = None,  # [S, H, D]: new K/V the kernel writes at `slots` first
         value: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
+        row_seqs: torch.Tensor | None = None,  # [S]: each row's sequence in the step, where rows are tokens
     ) -> torch.Tensor:
         new = [query] if key is None else [query, key, value]
         if not _shares_token_layout(new):
@@ -216,6 +196,8 @@ class CpuPagedAttention(TorchPagedAttention):
         query = new[0]
         out = torch.empty(query.shape, dtype=query.dtype)
         num_seqs, heads, head_dim = query.shape
+        if num_seqs == 0:  # an empty step: nothing to attend, nothing to write
+            return out
         kernel = getattr(self.kernel, KERNELS[query.dtype])
         fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
         new_kv = (new[1].data_ptr(), new[2].data_ptr(), slots.data_ptr()) if key is not None else (None, None, None)
@@ -226,14 +208,45 @@ class CpuPagedAttention(TorchPagedAttention):
         # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
         # steps (a few short contexts) run on this thread alone.
         work = num_seqs * max_context_len * heads
-        threads = min(self.num_threads, self.max_seq_parts) if work >= SPLIT_ABOVE_ROW_TOKENS else 1
+        threads = self.num_threads or torch.get_num_threads()
+        threads = min(threads, self.max_seq_parts) if work >= SPLIT_ABOVE_ROW_TOKENS else 1
         seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
         status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
-        if status == 2:
-            raise IndexError(f"a slot in {slots.tolist()} is outside the KV cache ({num_slots} slots)")
         if status:
-            raise ValueError(f"head_dim {head_dim} or block size {k_cache.shape[1]} is over the kernel's limit")
+            raise _kernel_error(status, slots, tables, lens, k_cache.shape[:2], row_seqs)
         return out
+
+
+def kernel_refusal(query, key, value, k_cache, v_cache, max_block_size: int, max_span: int) -> str | None:
+    """Why the kernel cannot read these tensors in place (None: it can). Its C code trusts every
+    shape, stride and dtype it is given, so anything else (a transposed cache, a bf16 cache
+    under an fp32 query) must go to the torch path, which handles or refuses it."""
+    tensors = (query, key, value, k_cache, v_cache)
+    if any(t.device.type != "cpu" for t in tensors):
+        return "a tensor is not on the CPU"
+    if query.dtype not in KERNELS or any(t.dtype != query.dtype for t in tensors):
+        return "dtypes " + ", ".join(str(t.dtype).removeprefix("torch.") for t in tensors) + " (q, k, v, caches)"
+    if query.dim() != 3 or key.shape != query.shape or value.shape != query.shape:
+        return f"query, key and value shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != query.shape[1:]:
+        return f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} for heads x head_dim {query.shape[1:]}"
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return "a KV cache that is not contiguous"
+    if k_cache.shape[1] > max_block_size or query.shape[-1] > max_span:
+        return f"block size {k_cache.shape[1]} or head_dim {query.shape[-1]} over the kernel's limits"
+    return None
+
+
+def _kernel_error(status: int, slots, tables, lens, cache_blocks: torch.Size, row_seqs) -> Exception:
+    """The exception for a kernel's refusal: which sequence, and what was wrong with it."""
+    num_blocks, block_size = cache_blocks
+    if status & STATUS_BAD_TABLE:
+        row, why = bad_block_table(tables, lens, block_size, num_blocks)
+        seq = int(row_seqs[row]) if row_seqs is not None and row >= 0 else row
+        return IndexError(f"paged attention, sequence {seq} of the step: {why} (none of its cached keys or values was read)")
+    if status & STATUS_BAD_SLOT:
+        return IndexError(f"a slot in {slots.tolist()} is outside the KV cache ({num_blocks * block_size} slots)")
+    return ValueError(f"block size {block_size} is over the kernel's limit (status {status})")
 
 
 @torch.library.custom_op("roseinfer::cpu_decode_attention", mutates_args=("k_cache", "v_cache"))

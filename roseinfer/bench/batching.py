@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.bench.workloads import BenchRequest
-from roseinfer.engine.scheduler import OnlineScheduler
 from roseinfer.history.static_batching import StaticBatchGenerator
 from roseinfer.sampling import SamplingParams
 
@@ -47,14 +46,14 @@ def run_static(
 def run_continuous(
     engine, requests: list[BenchRequest], batch_size: int
 ) -> tuple[float, list[list[int]], dict[str, Any]]:
-    scheduler = OnlineScheduler(engine, max_batch_size=batch_size, enable_prefix_cache=False)
+    scheduler = engine.new_scheduler(max_batch_size=batch_size, enable_prefix_cache=False)
     start = time.perf_counter()
     rids = [
-        scheduler.add_request(prompt_token_ids=r.prompt_token_ids, params=p)
+        engine.add_request(scheduler, prompt_token_ids=r.prompt_token_ids, params=p)
         for r, p in zip(requests, _params(requests))
     ]
     while scheduler.has_unfinished():
-        scheduler.step()
+        engine.step(scheduler)
     elapsed = time.perf_counter() - start
     tokens = [scheduler.pop_response(r).token_ids for r in rids]
     return elapsed, tokens, {"steps": scheduler.kv_stats()["num_steps"], "wasted_fraction": 0.0}
@@ -247,7 +246,7 @@ def serve_continuous(
 ) -> ArrivalRun:
     """The OnlineScheduler stepped as a server does: each step first admits whatever has arrived."""
     n, params = len(requests), _params(requests)
-    scheduler = OnlineScheduler(engine, max_batch_size=batch_size, enable_prefix_cache=False)
+    scheduler = engine.new_scheduler(max_batch_size=batch_size, enable_prefix_cache=False)
     rids: list[int] = []
     start_step: list[int | None] = [None] * n
     with StepClock(engine.runner) as clock:
@@ -255,13 +254,13 @@ def serve_continuous(
             while len(rids) < n and arrival_step[len(rids)] <= clock.now:
                 i = len(rids)
                 rids.append(
-                    scheduler.add_request(prompt_token_ids=requests[i].prompt_token_ids, params=params[i])
+                    engine.add_request(scheduler, prompt_token_ids=requests[i].prompt_token_ids, params=params[i])
                 )
             if not scheduler.has_unfinished():
                 clock.skipped += arrival_step[len(rids)] - clock.now
                 continue
             step = clock.now
-            scheduler.step()
+            engine.step(scheduler)
             for i, rid in enumerate(rids):  # a request has started once it took part in a step
                 if start_step[i] is None and scheduler.get_step_count(rid) > 0:
                     start_step[i] = step

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
+from roseinfer.engine.batch import BatchEntry
 from roseinfer.engine.block_manager import blocks_for
-from roseinfer.engine.runner import BatchEntry
 from roseinfer.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=1)

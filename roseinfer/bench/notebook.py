@@ -22,7 +22,7 @@ import torch
 
 from roseinfer.bench import plots
 from roseinfer.bench.diff import show_branch_diff, show_diff  # noqa: F401  (re-exported for the notebooks)
-from roseinfer.bench.results import REPO_ROOT, make_result, read_json, results_dir, results_root, write_json
+from roseinfer.bench.results import make_result, read_json, repo_root, results_dir, results_root, write_json
 from roseinfer.bench.stats import Verdict, median, verdict  # noqa: F401  (re-exported for the notebooks)
 
 GPU_TAGS = ("h100", "h200")
@@ -60,7 +60,7 @@ def sizes(cpu: dict[str, Any], gpu: dict[str, Any], tiny_gpu: dict[str, Any] | N
 def reference(name: str) -> tuple[str, dict[str, Any]] | None:
     """(gpu tag, result) of the committed GPU reference run `name`.json, if there is one."""
     for tag in GPU_TAGS:
-        path = REPO_ROOT / "results" / tag / f"{name}.json"
+        path = repo_root() / "results" / tag / f"{name}.json"
         if path.exists():
             return tag, read_json(path)
     return None

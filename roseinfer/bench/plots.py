@@ -1,5 +1,8 @@
 """Plotting helpers shared by the benchmarks and the notebooks (matplotlib, Agg-safe).
 
+matplotlib is the `bench` extra (`pip install roseinfer[bench]`), not a dependency of
+the engine: it is imported by the functions that draw, never by importing this module.
+
 Conventions every figure follows:
 - the legend names the variants ("recompute", "KV cache"), never "before/after";
 - where a point or a bar has several runs, the figure shows their spread (a
@@ -11,9 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from roseinfer.bench.stats import median as _median
 from roseinfer.bench.stats import plain_number
@@ -31,6 +31,8 @@ def _as_runs(value) -> list[float]:
 
 def plain_log_axis(axis) -> None:
     """Plain-number labels on a log axis; minor ticks labelled at 2x and 5x when a decade has room."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     axis.set_major_formatter(FuncFormatter(plain_number))
     axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
     axis.set_minor_formatter(FuncFormatter(plain_number))
@@ -142,6 +144,8 @@ def curve(
                 zorder=3,
             )
     if logx:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         ax.set_xscale("log", base=2)
         xs = sorted({x for xs, _ in series.values() for x in xs})
         ax.set_xticks(xs)
@@ -167,5 +171,7 @@ def save(fig, path: str | Path) -> Path:
 
 
 def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])

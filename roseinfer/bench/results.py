@@ -5,6 +5,7 @@
 
 Files go under results/<device>/, where <device> is "cpu" or a short GPU tag
 ("h100", "h200", ...), so CPU runs and GPU reference runs sit side by side.
+results/ is the checkout's (`repo_root()`) unless ROSEINFER_RESULTS_DIR names another.
 """
 
 from __future__ import annotations
@@ -19,7 +20,27 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
+def _is_checkout(path: Path) -> bool:
+    return (path / "pyproject.toml").is_file() and (path / "roseinfer").is_dir()
+
+
+def repo_root(start: str | Path | None = None) -> Path:
+    """The roseinfer checkout `start` (default: the working directory) sits in: the nearest directory
+    up from it with pyproject.toml and roseinfer/. Outside any checkout, the one this package is
+    installed from in editable mode, else the working directory itself."""
+    here = Path(start or Path.cwd()).resolve()
+    for path in (here, *here.parents, *Path(__file__).resolve().parents):
+        if _is_checkout(path):
+            return path
+    return here
+
+
+def __getattr__(name: str) -> Any:
+    # `REPO_ROOT`, looked up when asked for (the notebooks and scripts read it), not fixed at import.
+    if name == "REPO_ROOT":
+        return repo_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def device_name(device: str | torch.device = "cpu") -> str:
@@ -75,9 +96,9 @@ def device_tag(device: str | torch.device = "cpu") -> str:
 
 
 def results_root() -> Path:
-    """results/ in the repository; ROSEINFER_RESULTS_DIR redirects writes (the test run uses a temp dir,
+    """results/ in the checkout; ROSEINFER_RESULTS_DIR redirects writes (the test run uses a temp dir,
     so executing the notebooks under nbval does not overwrite the committed reference results)."""
-    return Path(os.environ.get("ROSEINFER_RESULTS_DIR") or REPO_ROOT / "results")
+    return Path(os.environ.get("ROSEINFER_RESULTS_DIR") or repo_root() / "results")
 
 
 def results_dir(device: str | torch.device = "cpu", root: Path | None = None) -> Path:
@@ -89,12 +110,13 @@ def results_dir(device: str | torch.device = "cpu", root: Path | None = None) ->
 def git_commit() -> str | None:
     """HEAD's short hash, with "+dirty" when the engine's or the benchmarks' code differs from it (a result then
     came from code no commit holds). Notebooks are not looked at: re-executing them rewrites them."""
+    root = repo_root()
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
         )
         changed = subprocess.run(
-            ["git", "status", "--porcelain", "--", "roseinfer", "benchmarks"], cwd=REPO_ROOT, capture_output=True,
+            ["git", "status", "--porcelain", "--", "roseinfer", "benchmarks"], cwd=root, capture_output=True,
             text=True, timeout=5,
         )
     except (OSError, subprocess.SubprocessError):

@@ -6,6 +6,9 @@ finish reason the engine gives its prompt without any manager. One prompt for
 all would hide a token handed to the wrong stream; here every request has its
 own prompt and its own length, and its token ids are recorded where every
 variant hands them over (`RequestStream.on_token`).
+
+Between engines that compute in other precisions (notebook 12, benchmarks/compare_engines.py)
+greedy tokens may differ: `agreement` says for how many requests, `matching_prefix` how soon.
 """
 
 from __future__ import annotations
@@ -92,3 +95,22 @@ def check_streams(
         + " and through ".join(f"'{label}'" for label in variants.values())
         + ", every stream got exactly the engine's own greedy token ids, text and finish reason for its prompt."
     )
+
+
+def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Fraction of requests whose greedy tokens are identical to the reference engine's."""
+    return sum(a == b for a, b in zip(tokens, reference)) / len(reference)
+
+
+def matching_prefix(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Mean share of each request's tokens that come before its first difference from the reference.
+
+    Greedy decoding amplifies rounding: once one argmax flips (bf16, int8, or
+    fp32 summed in another order) the rest of the request differs, so this
+    says how soon an engine drifts, where `agreement` only says whether.
+    """
+    shares = []
+    for a, b in zip(tokens, reference):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        shares.append(same / len(b))
+    return sum(shares) / len(shares)

@@ -43,8 +43,8 @@ class Run:
         self.kv_stats: dict[str, Any] = {}  # the scheduler's counters after an online/offline run
 
     def scheduler(self) -> OnlineScheduler:
-        return self.args.scheduler_class(
-            self.engine,
+        return self.engine.new_scheduler(
+            self.args.scheduler_class,
             max_batch_size=self.args.max_batch_size,
             max_num_batched_tokens=self.args.max_num_batched_tokens,
             enable_prefix_cache=self.args.enable_prefix_cache,
@@ -52,12 +52,12 @@ class Run:
 
     def add(self, scheduler, req: BenchRequest, p: SamplingParams) -> int:
         if self.args.pretok or req.prompt is None:
-            return scheduler.add_request(prompt_token_ids=req.prompt_token_ids, params=p)
-        return scheduler.add_request(prompt=req.prompt, params=p)
+            return self.engine.add_request(scheduler, prompt_token_ids=req.prompt_token_ids, params=p)
+        return self.engine.add_request(scheduler, prompt=req.prompt, params=p)
 
     def step(self, scheduler, records: dict[int, RequestRecord]) -> None:
         start = time.perf_counter()
-        produced = scheduler.step()
+        produced = self.engine.step(scheduler)
         now = time.perf_counter()
         self.steps += 1
         if scheduler.last_step_stats()["num_prompt_tokens"] == 0:

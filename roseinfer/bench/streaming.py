@@ -113,7 +113,16 @@ def run_streaming(
         duration = time.perf_counter() - t0
     finally:
         manager.close()
-    for _, stream, record in consumers:
+    metrics = _streaming_metrics([(stream, record) for _, stream, record in consumers], duration)
+    metrics["submit_wall_s"] = submit_wall
+    metrics["idle_wakeups"] = getattr(manager, "num_idle_wakeups", None)
+    return metrics, texts
+
+
+def _streaming_metrics(served: list[tuple[Any, RequestRecord]], duration: float) -> dict[str, Any]:
+    """Request metrics, as the consumer saw them, plus where each request's time went (STAGES)."""
+    records = [record for _, record in served]
+    for stream, record in served:
         t = stream.timings
         record.token_times = list(t.token_times)
         record.scheduled = t.scheduled
@@ -127,7 +136,6 @@ def run_streaming(
             delivery=(record.extra["first_piece"] - t.first_token) if t.first_token else float("nan"),
         )
     metrics = request_metrics(records, duration)
-    metrics["submit_wall_s"] = submit_wall
     # TTFT, TPOT and E2E as the consumer sees them (the first piece, the end of the stream).
     client_ttft = [r.extra["first_piece"] - r.start for r in records]
     client_e2e = [r.end - r.start for r in records]
@@ -139,5 +147,4 @@ def run_streaming(
     )
     for stage in dict.fromkeys(STAGES + TTFT_PARTITION):  # each once
         metrics[f"{stage}_ms"] = summarize((r.extra[stage] for r in records), 1000)
-    metrics["idle_wakeups"] = getattr(manager, "num_idle_wakeups", None)
-    return metrics, texts
+    return metrics

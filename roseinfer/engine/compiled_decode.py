@@ -27,11 +27,11 @@ import types
 import torch
 
 from roseinfer.attention.base import AttentionMetadata
-from roseinfer.models.gpt2 import GPT2
+from roseinfer.models.base import CausalLM
 
 
 class CompiledDecode:
-    def __init__(self, model: GPT2, kv_cache: torch.Tensor) -> None:
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self._step = torch.compile(_own_copy(self._forward), dynamic=False, fullgraph=True)

@@ -19,7 +19,7 @@ of a step is reading the sampled tokens.
 
 `DecodeGraphs(..., capture=False)` runs the same padded static-buffer path
 without capturing; tests use it on CPU, and under virtual CUDA
-(roseinfer.testing), to check the padding, the staging copy and the devices.
+(the test harness), to check the padding, the staging copy and the devices.
 Before capture a warm-up runs with padding rows only (slot -1), so enabling
 graphs on an engine that already holds live or cached K/V leaves them intact.
 """
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from roseinfer.attention.base import AttentionMetadata
-from roseinfer.models.gpt2 import GPT2
+from roseinfer.models.base import CausalLM
 
 
 def graph_buckets(max_batch_size: int) -> list[int]:
@@ -48,18 +48,19 @@ def graph_buckets(max_batch_size: int) -> list[int]:
 
 
 def can_capture(device: torch.device) -> bool:
-    """Graphs are captured on a real CUDA device. Under virtual CUDA (roseinfer.testing: CPU
-    tensors that report cuda:0) there is nothing to capture, and the same padded
-    static-buffer path runs uncaptured."""
-    from roseinfer.testing import virtual_cuda
+    """Graphs are captured on a real CUDA device, by torch's own graph class.
 
-    return device.type == "cuda" and not virtual_cuda.active()
+    Under virtual CUDA (the test harness: CPU tensors that report cuda:0) `torch.cuda.CUDAGraph`
+    is the harness's stand-in, which refuses to capture, and the same padded static-buffer path
+    runs uncaptured. Asking the class, not the harness, keeps the runtime from importing it.
+    """
+    return device.type == "cuda" and torch.cuda.CUDAGraph.__module__.startswith("torch.")
 
 
 class DecodeGraphs:
     def __init__(
         self,
-        model: GPT2,
+        model: CausalLM,
         kv_cache: torch.Tensor,
         max_batch_size: int,
         max_blocks_per_seq: int,

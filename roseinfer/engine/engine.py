@@ -15,23 +15,26 @@ steps them: in the server that is the manager's worker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Generator, Iterator, Sequence
-from contextlib import closing
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from roseinfer.attention.base import default_attention_backend, make_attention_backend
+from roseinfer.attention.registry import default_attention_backend, make_attention_backend
 from roseinfer.config import EngineConfig, ModelConfig, resolve_dtype
-from roseinfer.detokenizer import TextStream
+from roseinfer.detokenizer import RequestText
+from roseinfer.engine.batch import BatchEntry
 from roseinfer.engine.block_manager import BlockManager, blocks_for
-from roseinfer.engine.runner import BatchEntry, ModelRunner, kv_cache_bytes_per_block
-from roseinfer.engine.sequence import GenerationOutput
-from roseinfer.models.gpt2 import GPT2
+from roseinfer.engine.runner import ModelRunner, kv_cache_bytes_per_block
+from roseinfer.engine.scheduler import OnlineScheduler, SchedulerLimits
+from roseinfer.engine.sequence import FinishedRequest, GenerationOutput, Request
+from roseinfer.errors import InvalidRequestError
 from roseinfer.models.loader import LoadedWeights, load_weights, save_checkpoint
 from roseinfer.models.packed_linear import packing_available
+from roseinfer.models.registry import model_family, num_parameters
 from roseinfer.sampling import SamplingParams
 from roseinfer.tokenizer import GPT2Tokenizer
 
@@ -51,11 +54,11 @@ class InferenceEngine:
         backend = config.attention_backend or default_attention_backend(self.device)
         _check_backend_runs_here(backend, self.device)
         use_graphs = _resolve_cuda_graph(config.cuda_graph, self.device, backend)
-        model = GPT2(weights.config, make_attention_backend(backend))
+        model = model_family(weights.config.family)(weights.config, make_attention_backend(backend))
         model.load_state_dict(weights.state_dict, strict=True)
         model = model.to(device=self.device, dtype=self.dtype).eval()
         if config.packed_cpu_weights and packing_available(self.device, self.dtype):
-            model.pack_for_cpu()
+            model.pack_for_cpu(config.cpu_linear)
         num_blocks = config.num_kv_blocks or self._default_num_blocks(weights.config)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, config.nvtx)
         if config.nvtx and not self.runner.nvtx:
@@ -76,7 +79,7 @@ class InferenceEngine:
         logger.info(
             "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens | %s attention%s",
             weights.description,
-            weights.config.num_parameters() / 1e6,
+            num_parameters(weights.config) / 1e6,
             str(self.dtype).removeprefix("torch."),
             self.device,
             num_blocks,
@@ -150,8 +153,12 @@ class InferenceEngine:
             "weights_source": self.weights.source,
             "random_weights": self.weights.is_random,
             "n_layer": self.model_config.n_layer,
+            "family": self.model_config.family,
             "n_embd": self.model_config.n_embd,
-            "parameters": self.model_config.num_parameters(),
+            "n_head": self.model_config.n_head,
+            "n_kv_head": self.model_config.n_kv_head,  # K/V heads the cache holds per token
+            "head_dim": self.model_config.head_dim,
+            "parameters": num_parameters(self.model_config),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "num_kv_blocks": self.num_kv_blocks,
@@ -166,27 +173,136 @@ class InferenceEngine:
             "prefill_max_batch_size": self.config.prefill_max_batch_size,
         }
 
+    # -- requests ------------------------------------------------------------------------
+    def validate(
+        self,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+    ) -> Request:
+        """Tokenize and check a request, once; InvalidRequestError if it could never run.
+
+        Reads only configuration, so any thread may call it (the server does, before it
+        queues anything). `params.max_new_tokens=None` asks for as many tokens as the
+        model's context leaves after the prompt.
+        """
+        params = params or SamplingParams()
+        params.check_for_model(self.model_config.vocab_size)
+        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
+        if params.max_new_tokens is None:
+            params = dataclasses.replace(params, max_new_tokens=self._room_after(len(token_ids)))
+        self._check_fits(len(token_ids), params.max_new_tokens)
+        return Request(token_ids, params, params.make_generator(self.device), prompt)
+
+    def _prompt_tokens(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+        if (prompt is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("give exactly one of prompt and prompt_token_ids", "prompt")
+        if prompt is not None:
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt_token_ids)
+            vocab = self.model_config.vocab_size
+            bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}", "prompt"
+                )
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty; the model needs at least one token", "prompt")
+        return token_ids
+
+    def _room_after(self, num_prompt_tokens: int) -> int:
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {num_prompt_tokens} tokens, which fills the model's context of "
+                f"{self.max_model_len} tokens",
+                "prompt",
+            )
+        return room
+
+    def _check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        limit = self.max_model_len
+        if num_prompt_tokens + max_new_tokens > limit:
+            raise InvalidRequestError(
+                f"the prompt has {num_prompt_tokens} tokens and {max_new_tokens} new tokens were "
+                f"asked for: {num_prompt_tokens + max_new_tokens} is more than the model's context "
+                f"of {limit} tokens",
+                "max_tokens",
+            )
+        # The last sampled token is never fed back, so its K/V needs no slot.
+        needed = blocks_for(num_prompt_tokens + max_new_tokens - 1, self.block_manager.block_size)
+        if needed > self.block_manager.num_blocks:
+            raise InvalidRequestError(
+                f"the request needs {needed} KV blocks but the whole pool has "
+                f"{self.block_manager.num_blocks}; it could never run",
+                "max_tokens",
+            )
+
+    def new_scheduler(self, scheduler_class: type[OnlineScheduler] = OnlineScheduler, **limits: Any) -> OnlineScheduler:
+        """A scheduler over this engine's KV pool; `limits` override the EngineConfig's (SchedulerLimits).
+
+        `scheduler_class` takes an earlier policy from roseinfer.history, for the notebooks.
+        """
+        return scheduler_class(
+            self.block_manager, SchedulerLimits.from_config(self.config, **limits), self.eos_token_id
+        )
+
+    def add_request(
+        self,
+        scheduler: OnlineScheduler,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        request_id: int | None = None,
+    ) -> int:
+        """Validate a request and queue it on `scheduler`; returns its id."""
+        return scheduler.add_request(self.validate(prompt, prompt_token_ids, params), request_id)
+
+    def request_text(self, params: SamplingParams) -> RequestText:
+        """The text owner of one request (EOS hidden, stop strings honoured)."""
+        return RequestText(self.tokenizer, params, self.eos_token_id)
+
+    # -- stepping --------------------------------------------------------------------------
+    def step(self, scheduler: OnlineScheduler) -> dict[int, int]:
+        """One forward pass over the scheduler's next batch; {request_id: token} for each token produced."""
+        batch = scheduler.schedule()
+        if not batch:
+            return {}
+        sampled = self.runner.execute(batch.entries)
+        scheduler.update(batch, sampled)
+        return batch.produced(sampled)
+
+    def _step_text(self, scheduler: OnlineScheduler, texts: dict[int, RequestText]) -> dict[int, str]:
+        """A step whose tokens go into their requests' texts; a stop string ends its request."""
+        produced = self.step(scheduler)
+        _check_progress(scheduler, produced)
+        pieces = {}
+        for rid, token in produced.items():
+            text = texts[rid]
+            pieces[rid] = text.push(token)
+            if text.stopped:
+                scheduler.finish_request(rid, "stop")
+        return pieces
+
     # -- generation -----------------------------------------------------------------------
     def generate(
         self,
         prompts: str | list[int] | Sequence[str | list[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
-        **scheduler_options: Any,
+        **limits: Any,
     ) -> list[GenerationOutput]:
         """Generate for every prompt (text or token ids), batched; outputs in prompt order."""
-        from roseinfer.engine.scheduler import OnlineScheduler
-
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = _broadcast_params(params, len(prompts))
-        scheduler = OnlineScheduler(self, **scheduler_options)
-        ids = [
-            scheduler.add_request(**_prompt_kwargs(prompt), params=p)
-            for prompt, p in zip(prompts, params_list)
-        ]
+        # Every request is checked before any runs: a bad one fails the call, not half of it.
+        requests = [self.validate(**_prompt_kwargs(p), params=sp) for p, sp in zip(prompts, params_list)]
+        scheduler = self.new_scheduler(**limits)
+        texts = {scheduler.add_request(r): self.request_text(r.params) for r in requests}
         while scheduler.has_unfinished():
-            _check_progress(scheduler, scheduler.step())
-        return [scheduler.pop_response(rid) for rid in ids]
+            self._step_text(scheduler, texts)
+        return [_with_text(scheduler.pop_response(rid), text) for rid, text in texts.items()]
 
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """fp32 logits [len(token_ids), vocab] of every position of one prompt (what HF's model returns).
@@ -209,36 +325,20 @@ class InferenceEngine:
         finally:
             self.block_manager.free(table)
 
-    def stream_tokens(
-        self, prompt: str | list[int], params: SamplingParams | None = None, **scheduler_options: Any
-    ) -> Generator[int, None, GenerationOutput]:
-        """Yield one request's token ids as they are produced; returns its GenerationOutput."""
-        from roseinfer.engine.scheduler import OnlineScheduler
-
-        scheduler = OnlineScheduler(self, **scheduler_options)
-        rid = scheduler.add_request(**_prompt_kwargs(prompt), params=params or SamplingParams())
-        try:
-            while scheduler.has_unfinished():
-                produced = scheduler.step()
-                _check_progress(scheduler, produced)
-                if rid in produced:
-                    yield produced[rid]
-            return scheduler.pop_response(rid)
-        finally:
-            scheduler.discard_request(rid)  # frees the blocks if the consumer stops early
-
     def stream_generate(
-        self, prompt: str | list[int], params: SamplingParams | None = None, **scheduler_options: Any
+        self, prompt: str | list[int], params: SamplingParams | None = None, **limits: Any
     ) -> Iterator[str]:
         """Yield the text of one generation piece by piece, as tokens are produced."""
-        params = params or SamplingParams()
-        text = TextStream(self.tokenizer, params.stop)
-        with closing(self.stream_tokens(prompt, params, **scheduler_options)) as tokens:
-            for token in tokens:
-                if params.is_eos_stop(token, self.eos_token_id):
-                    continue  # EOS ends the text; it is not part of it
-                if piece := text.push(token):
+        request = self.validate(**_prompt_kwargs(prompt), params=params)
+        scheduler = self.new_scheduler(**limits)
+        rid = scheduler.add_request(request)
+        text = self.request_text(request.params)
+        try:
+            while scheduler.has_unfinished():
+                if piece := self._step_text(scheduler, {rid: text}).get(rid):
                     yield piece
+        finally:
+            scheduler.discard_request(rid)  # frees the blocks if the consumer stops early
         if tail := text.finish():
             yield tail
 
@@ -286,7 +386,15 @@ def _broadcast_params(
     return list(params)
 
 
-def _check_progress(scheduler: Any, produced: dict[int, int]) -> None:
+def _with_text(finished: FinishedRequest, text: RequestText) -> GenerationOutput:
+    text.finish()
+    fields = {f.name: getattr(finished, f.name) for f in dataclasses.fields(finished)}
+    if text.stopped and finished.finish_reason == "length":
+        fields["finish_reason"] = "stop"  # the stop string came with the last allowed token
+    return GenerationOutput(**fields, text=text.text)
+
+
+def _check_progress(scheduler: OnlineScheduler, produced: dict[int, int]) -> None:
     # A step that produced nothing and left nothing running admitted no one: the
     # pool is short even though this scheduler holds no block, so another
     # scheduler on the same engine must hold it. Waiting would never end.

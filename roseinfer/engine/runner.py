@@ -9,36 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from roseinfer.attention.base import AttentionMetadata
 from roseinfer.config import ModelConfig
-from roseinfer.models.gpt2 import GPT2
-from roseinfer.sampling import Sampler, SamplingParams
-
-
-@dataclass
-class BatchEntry:
-    token_ids: list[int]  # the new tokens to compute this step
-    start_pos: int  # position of the first of them (= tokens already in the cache)
-    block_table: list[int]
-    sample: bool  # sample the next token after the last one (False mid-way through a prompt)
-    params: SamplingParams
-    generator: torch.Generator | None
+from roseinfer.engine.batch import BatchEntry
+from roseinfer.models.base import CausalLM
+from roseinfer.sampling import Sampler
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.n_layer * block_size * config.n_embd * elem
+    return 2 * config.n_layer * block_size * config.n_kv_head * config.head_dim * elem
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: GPT2,
+        model: CausalLM,
         num_blocks: int,
         block_size: int,
         device: torch.device,
@@ -56,7 +46,7 @@ class ModelRunner:
         c = self.config
         # Zeroed so that never-written slots hold finite values (masked, but 0 * NaN is NaN).
         self.kv_cache = torch.zeros(
-            (c.n_layer, 2, num_blocks, block_size, c.n_head, c.head_dim), device=device, dtype=dtype
+            (c.n_layer, 2, num_blocks, block_size, c.n_kv_head, c.head_dim), device=device, dtype=dtype
         )
         self.sampler = Sampler()
         self.graphs = None  # DecodeGraphs, when enabled

@@ -1,74 +1,81 @@
-"""OnlineScheduler: continuous batching over the paged KV cache.
+"""OnlineScheduler: the continuous-batching policy over the paged KV cache.
 
-Requests join and leave the running batch at any step. Each `step()`:
+It decides, and only decides: the engine runs what it decides. Each step,
 
-1. gives every running request its next tokens, oldest first: one token for a
-   decoding request, the next chunk for one still prefilling its prompt;
-   if the KV pool is out of blocks, the most recently admitted request is
-   preempted (its blocks freed, its tokens recomputed later);
-2. admits waiting requests while the token budget, the batch size and the
-   cap on new prompts per step (`prefill_max_batch_size`) allow, reusing prefix-cache blocks where their prompt starts like an earlier one;
-   a prompt longer than the remaining budget is prefilled in chunks over
-   several steps;
-3. runs all of it as one forward pass and samples a token for each request
-   whose prompt is fully computed, then finishes those that hit EOS, a stop
-   string or their length.
+    batch = scheduler.schedule()              # who computes which tokens
+    sampled = engine.runner.execute(batch.entries)
+    finished = scheduler.update(batch, sampled)   # apply the tokens, finish requests
+
+`schedule()` gives every running request its next tokens, oldest first (one
+token for a decoding request, the next chunk for one still prefilling); when
+the KV pool is out of blocks the most recently admitted request is preempted
+(its blocks freed, its tokens recomputed later). Then it admits waiting
+requests while the token budget, the batch size and the cap on new prompts
+per step allow, reusing prefix-cache blocks where a prompt starts like an
+earlier one; a prompt longer than the remaining budget is prefilled in chunks.
+`update()` appends each sampled token and finishes requests on EOS or length.
 
 Every request gets exactly the tokens it would get alone: its attention only
 ever sees its own (or identical, shared) blocks, and its random stream is its
-own. The request state is private; callers use the public methods.
+own. Requests arrive validated (`InferenceEngine.validate`): the scheduler
+never tokenizes, and stop strings belong to whoever reads the text (the
+request's `TextStream`), which ends a request early with `finish_request`.
+The request state is private; callers use the public methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from roseinfer.detokenizer import TextStream, first_stop
-from roseinfer.engine.block_manager import blocks_for, chain_hash
-from roseinfer.engine.runner import BatchEntry
+from roseinfer.engine.batch import BatchEntry, ScheduledBatch
+from roseinfer.engine.block_manager import BlockManager, blocks_for, chain_hash
 from roseinfer.engine.sequence import (
-    GenerationOutput,
+    FinishedRequest,
+    Request,
     RequestMetrics,
     RequestStatus,
     Sequence,
 )
 from roseinfer.errors import InvalidRequestError
-from roseinfer.sampling import SamplingParams
 
-logger = logging.getLogger("roseinfer.engine")
 
-if TYPE_CHECKING:
-    from roseinfer.engine.engine import InferenceEngine
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The scheduler's limits; `EngineConfig` holds the defaults under the same names."""
+
+    max_batch_size: int = 64  # running requests per step
+    max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
+    # A burst of new prompts all prefilling in one step stalls every running decode for
+    # that step; capping admissions spreads the burst over several steps (None: max_batch_size).
+    prefill_max_batch_size: int | None = None
+    enable_prefix_cache: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> SchedulerLimits:
+        """The limits named in `config` (an EngineConfig), with every non-None override applied."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise TypeError(f"unknown scheduler option(s): {', '.join(unknown)}")
+        values = {n: getattr(config, n) for n in names}
+        values.update({n: v for n, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def max_prefills_per_step(self) -> int:
+        return self.prefill_max_batch_size or self.max_batch_size
 
 
 class OnlineScheduler:
-    def __init__(
-        self,
-        engine: InferenceEngine,
-        max_batch_size: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        enable_prefix_cache: bool | None = None,
-        prefill_max_batch_size: int | None = None,
-    ) -> None:
-        cfg = engine.config
-        self._engine = engine
-        self._runner = engine.runner
-        self._blocks = engine.block_manager
-        self._tokenizer = engine.tokenizer
-        self.max_batch_size = max_batch_size or cfg.max_batch_size
-        self.max_num_batched_tokens = max_num_batched_tokens or cfg.max_num_batched_tokens
-        # A burst of new prompts all prefilling in one step stalls every running decode for
-        # that step; capping admissions spreads the burst over several steps.
-        self.prefill_max_batch_size = (
-            prefill_max_batch_size or cfg.prefill_max_batch_size or self.max_batch_size
-        )
-        self.enable_prefix_cache = (
-            cfg.enable_prefix_cache if enable_prefix_cache is None else enable_prefix_cache
-        )
+    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_id: int) -> None:
+        self._blocks = block_manager
+        self.limits = limits
+        self.eos_token_id = eos_token_id
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order
         self._requests: dict[int, Sequence] = {}
@@ -77,36 +84,17 @@ class OnlineScheduler:
         self._num_steps = 0
         self._last_step: dict[str, int] = {"batch_size": 0, "num_tokens": 0, "num_prompt_tokens": 0}
         self._num_preemptions = 0
+        self._last_preempted = False  # the last schedule() preempted someone
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
 
+    @property
+    def enable_prefix_cache(self) -> bool:
+        return self.limits.enable_prefix_cache
+
     # -- submitting ------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt: str | None = None,
-        prompt_token_ids: list[int] | None = None,
-        max_new_tokens: int = 16,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        stop_on_eos: bool = True,
-        seed: int | None = None,
-        request_id: int | None = None,
-        stop: list[str] | None = None,
-        params: SamplingParams | None = None,
-    ) -> int:
-        """Queue a request (prefill happens in `step()`); returns its id."""
-        if params is None:
-            params = SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                stop_on_eos=stop_on_eos,
-                stop=list(stop or []),
-            )
-        token_ids = self.validate_request(prompt, prompt_token_ids, params)
+    def add_request(self, request: Request, request_id: int | None = None) -> int:
+        """Queue a validated request (prefill happens in a later step); returns its id."""
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self._requests:
@@ -115,128 +103,30 @@ class OnlineScheduler:
             raise InvalidRequestError(f"request id {request_id} is already in use", "request_id")
         seq = Sequence(
             request_id=request_id,
-            prompt=prompt,
-            prompt_token_ids=token_ids,
-            params=params,
-            generator=params.make_generator(self._runner.device),
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            params=request.params,
+            generator=request.generator,
             metrics=RequestMetrics(arrival_time=time.perf_counter()),
-            stop_stream=TextStream(self._tokenizer, params.stop) if params.stop else None,
         )
         self._requests[request_id] = seq
         self._waiting.append(seq)
         return request_id
 
-    def validate_request(
-        self, prompt: str | None, prompt_token_ids: list[int] | None, params: SamplingParams
-    ) -> list[int]:
-        """The prompt's token ids, or InvalidRequestError if the request could never run.
-
-        Reads only configuration, so another thread may call it (the server
-        validates and tokenizes before it queues anything).
-        """
-        params.check_for_model(self._engine.model_config.vocab_size)
-        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
-        self._check_fits(len(token_ids), params.max_new_tokens)
-        return token_ids
-
-    def _prompt_tokens(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
-        if (prompt is None) == (prompt_token_ids is None):
-            raise InvalidRequestError("give exactly one of prompt and prompt_token_ids", "prompt")
-        if prompt is not None:
-            token_ids = self._tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt_token_ids)
-            vocab = self._engine.model_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(
-                    f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}", "prompt"
-                )
-        if not token_ids:
-            raise InvalidRequestError("the prompt is empty; GPT-2 needs at least one token", "prompt")
-        return token_ids
-
-    def _check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
-        limit = self._engine.max_model_len
-        if num_prompt_tokens + max_new_tokens > limit:
-            raise InvalidRequestError(
-                f"the prompt has {num_prompt_tokens} tokens and {max_new_tokens} new tokens were "
-                f"asked for: {num_prompt_tokens + max_new_tokens} is more than the model's context "
-                f"of {limit} tokens",
-                "max_tokens",
-            )
-        # The last sampled token is never fed back, so its K/V needs no slot.
-        needed = blocks_for(num_prompt_tokens + max_new_tokens - 1, self._blocks.block_size)
-        if needed > self._blocks.num_blocks:
-            raise InvalidRequestError(
-                f"the request needs {needed} KV blocks but the whole pool has "
-                f"{self._blocks.num_blocks}; it could never run",
-                "max_tokens",
-            )
-
     # -- stepping --------------------------------------------------------------------
-    def step(self) -> dict[int, int]:
-        """Run one batch; returns {request_id: token} for every token produced."""
-        scheduled = self._schedule()
-        if not scheduled:
-            return {}
-        self._num_steps += 1
-        now = time.perf_counter()
-        entries = []
-        num_tokens = num_prompt_tokens = 0
-        for seq, n in scheduled:
-            start = seq.num_computed_tokens
-            end = start + n
-            num_tokens += n
-            if start < seq.num_prompt_tokens:
-                num_prompt_tokens += min(end, seq.num_prompt_tokens) - start
-            entries.append(
-                BatchEntry(
-                    seq.tokens(start, end),
-                    start,
-                    seq.block_table,
-                    end == seq.num_tokens,
-                    seq.params,
-                    seq.generator,
-                )
-            )
-            metrics = seq.metrics
-            metrics.num_steps += 1
-            if metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = now
-        self._last_step = {
-            "batch_size": len(scheduled),
-            "num_tokens": num_tokens,
-            "num_prompt_tokens": num_prompt_tokens,
-        }
-        sampled = self._runner.execute(entries)
-        now = time.perf_counter()
-        produced: dict[int, int] = {}
-        block_size = self._blocks.block_size
-        for (seq, n), token in zip(scheduled, sampled):
-            seq.num_computed_tokens += n
-            # Only when a block has just filled up is there anything to register.
-            if self.enable_prefix_cache and seq.num_computed_tokens // block_size > len(seq.block_hashes):
-                self._register_full_blocks(seq)
-            if token is None:
-                continue
-            seq.output_token_ids.append(token)
-            produced[seq.request_id] = token
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            try:
-                reason = self._finish_reason(seq, token)
-            except Exception as exc:  # this request's own stop strings or text: it fails alone
-                logger.exception("request %s failed; the others go on", seq.request_id)
-                seq.error, reason = repr(exc), "error"
-            if reason is not None:
-                self._finish(seq, reason, now)
-        return produced
+    def schedule(self) -> ScheduledBatch:
+        """Choose this step's work (running requests first, then admissions); empty if none."""
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.limits.max_num_batched_tokens)
+        self._schedule_admissions(batch, budget)
+        if batch:
+            self._num_steps += 1
+            self._record_step(batch)
+        return batch
 
-    def _schedule(self) -> list[tuple[Sequence, int]]:
-        budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Sequence, int]] = []
-        preempted = False
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        """Give running requests their next tokens, preempting the newest when the pool is short."""
+        self._last_preempted = False
         i = 0
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
@@ -244,33 +134,83 @@ class OnlineScheduler:
             while not self._reserve(seq, seq.num_computed_tokens + n):
                 victim = self._running[-1]  # the most recently admitted
                 self._preempt(victim)
-                preempted = True
+                self._last_preempted = True
                 if victim is seq:
-                    break
-            else:
-                scheduled.append((seq, n))
-                budget -= n
-                i += 1
-                continue
-            break
-        # Admitting while the pool is short would only preempt again next step.
+                    return budget
+            self._add_to_batch(batch, seq, n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_admissions(self, batch: ScheduledBatch, budget: int) -> None:
+        if self._last_preempted:
+            return  # admitting while the pool is short would only preempt again next step
         admitted = 0
         while (
             self._waiting
             and budget > 0
-            and not preempted
-            and len(self._running) < self.max_batch_size
-            and admitted < self.prefill_max_batch_size
+            and len(self._running) < self.limits.max_batch_size
+            and admitted < self.limits.max_prefills_per_step
         ):
             n = self._admit(self._waiting[0], budget)
             if n == 0:
                 break
             seq = self._waiting.popleft()
             self._running.append(seq)
-            scheduled.append((seq, n))
+            self._add_to_batch(batch, seq, n)
             budget -= n
             admitted += 1
-        return scheduled
+
+    def _add_to_batch(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        start = seq.num_computed_tokens
+        end = start + n
+        batch.scheduled.append((seq, n))
+        batch.entries.append(
+            BatchEntry(seq.tokens(start, end), start, seq.block_table, end == seq.num_tokens, seq.params, seq.generator)
+        )
+
+    def _record_step(self, batch: ScheduledBatch) -> None:
+        now = time.perf_counter()
+        num_tokens = num_prompt_tokens = 0
+        for seq, n in batch.scheduled:
+            start = seq.num_computed_tokens
+            num_tokens += n
+            if start < seq.num_prompt_tokens:
+                num_prompt_tokens += min(start + n, seq.num_prompt_tokens) - start
+            seq.metrics.num_steps += 1
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+        self._last_step = {
+            "batch_size": len(batch),
+            "num_tokens": num_tokens,
+            "num_prompt_tokens": num_prompt_tokens,
+        }
+
+    def update(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[int]:
+        """Apply one step's sampled tokens (one per entry, None where it did not sample).
+
+        Returns the ids of the requests that finished in this step (EOS or length).
+        """
+        now = time.perf_counter()
+        finished = []
+        block_size = self._blocks.block_size
+        for (seq, n), token in zip(batch.scheduled, sampled):
+            if seq.status is not RequestStatus.RUNNING:
+                continue  # finished or discarded between schedule() and update()
+            seq.num_computed_tokens += n
+            # Only when a block has just filled up is there anything to register.
+            if self.enable_prefix_cache and seq.num_computed_tokens // block_size > len(seq.block_hashes):
+                self._register_full_blocks(seq)
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, now)
+                finished.append(seq.request_id)
+        return finished
 
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make the sequence's blocks cover num_tokens; False if the pool is short."""
@@ -330,21 +270,9 @@ class OnlineScheduler:
             self._blocks.register(seq.block_table[j], h, tokens)
             seq.block_hashes.append(h)
 
-    def _is_eos_stop(self, seq: Sequence, token: int) -> bool:
-        return seq.params.is_eos_stop(token, self._engine.eos_token_id)
-
-    def _text_token_ids(self, seq: Sequence) -> list[int]:
-        """The tokens that make the text: an EOS that ended the request is counted, not shown."""
-        ids = seq.output_token_ids
-        return ids[:-1] if ids and self._is_eos_stop(seq, ids[-1]) else ids
-
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if self._is_eos_stop(seq, token):
+        if seq.params.is_eos_stop(token, self.eos_token_id):
             return "stop"
-        if seq.stop_stream is not None:
-            seq.stop_stream.push(token)
-            if seq.stop_stream.stopped:
-                return "stop"
         if len(seq.output_token_ids) >= seq.params.max_new_tokens:
             return "length"
         return None
@@ -352,6 +280,9 @@ class OnlineScheduler:
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         self._release(seq)
         self._running.remove(seq)
+        self._mark_finished(seq, reason, now)
+
+    def _mark_finished(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status = RequestStatus.FINISHED
         seq.finish_reason = reason
         seq.metrics.finish_time = now
@@ -390,34 +321,40 @@ class OnlineScheduler:
     def get_finish_reason(self, request_id: int) -> str | None:
         return self._get(request_id).finish_reason
 
-    def get_error(self, request_id: int) -> str | None:
-        """Why the request failed (its finish reason is then "error"), else None."""
-        return self._get(request_id).error
-
     def pop_finished_ids(self) -> list[int]:
         """Ids of the requests finished since the last call."""
         ids, self._finished_ids = self._finished_ids, []
         return ids
 
-    def pop_response(self, request_id: int) -> GenerationOutput:
-        """The finished request's output; the scheduler forgets it."""
+    def pop_response(self, request_id: int) -> FinishedRequest:
+        """The finished request's tokens and outcome; the scheduler forgets it."""
         seq = self._get(request_id)
         if not seq.is_finished:
             raise ValueError(f"request {request_id} is not finished")
         del self._requests[request_id]
-        text = self._tokenizer.decode(self._text_token_ids(seq))
-        if seq.stop_stream is not None and seq.stop_stream.stopped:
-            text = text[: first_stop(text, seq.params.stop)]
-        return GenerationOutput(
+        return FinishedRequest(
             request_id=request_id,
             prompt=seq.prompt,
             prompt_token_ids=seq.prompt_token_ids,
-            text=text,
             token_ids=list(seq.output_token_ids),
             finish_reason=seq.finish_reason,
             metrics=seq.metrics,
-            error=seq.error,
         )
+
+    def finish_request(self, request_id: int, reason: str = "stop") -> None:
+        """End a running or waiting request now (its reader saw a stop string); blocks are freed.
+
+        Its tokens so far stay readable until `pop_response`, like any finished request's.
+        """
+        seq = self._get(request_id)
+        if seq.is_finished:
+            return
+        if seq.status is RequestStatus.WAITING:
+            self._waiting.remove(seq)
+        else:
+            self._release(seq)
+            self._running.remove(seq)
+        self._mark_finished(seq, reason, time.perf_counter())
 
     def discard_request(self, request_id: int) -> bool:
         """Forget a request wherever it is; a running one is aborted and its blocks freed."""

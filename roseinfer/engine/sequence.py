@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from roseinfer.detokenizer import TextStream
 from roseinfer.sampling import SamplingParams
 
 
@@ -29,15 +28,32 @@ class RequestMetrics:
 
 
 @dataclass
-class GenerationOutput:
+class Request:
+    """A request that passed `InferenceEngine.validate`: what the scheduler queues."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None  # its own random stream (seeded sampling)
+    prompt: str | None = None  # the text it came from, if any
+
+
+@dataclass
+class FinishedRequest:
+    """What the scheduler hands back for a finished request: tokens and outcome, no text."""
+
     request_id: int
     prompt: str | None
     prompt_token_ids: list[int]
-    text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string), "length", or "error" (this request alone failed)
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
     metrics: RequestMetrics
-    error: str | None = None  # what failed, when finish_reason is "error"
+
+
+@dataclass
+class GenerationOutput(FinishedRequest):
+    """A finished request with its text (`InferenceEngine.generate`'s result)."""
+
+    text: str = ""
 
 
 @dataclass(eq=False)
@@ -48,14 +64,12 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None
     metrics: RequestMetrics
-    stop_stream: TextStream | None = None  # only when the request has stop strings
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in this sequence's blocks
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
     finish_reason: str | None = None
-    error: str | None = None  # why the request failed, when finish_reason is "error"
 
     @property
     def num_tokens(self) -> int:

@@ -13,7 +13,14 @@ greedy tokens, and the notebooks assert it.
     notebook 10  no_prefix_cache   NoPrefixCacheScheduler every prompt computed from its first token
 
 `make_manager(name, engine, **options)` builds any manager variant by name;
-the server (`--manager-variant`) and the benchmarks (`--variant`) use it.
+the benchmarks (`--variant`) use it. The server always runs SchedulerManager
+and never imports this package.
+
+`TEACHING_SEAMS` names every production function, method or class whose
+source a notebook or a test prints or diffs (`show_diff`, `show_source`,
+`show_branch_diff`, `source_diff`, `inspect.getsource`): renaming or moving
+one breaks tests/test_teaching_seams.py by name, and its notebook needs
+re-executing.
 """
 
 from __future__ import annotations
@@ -25,9 +32,43 @@ from roseinfer.history.lock_per_token import LockPerTokenManager
 from roseinfer.history.no_manager import NoManager
 from roseinfer.history.polling_worker import PollingWorkerManager
 from roseinfer.history.private_state import PrivateStateManager
-from roseinfer.server.manager import SchedulerManager, StreamingFrontend
+from roseinfer.server.manager import Manager, SchedulerManager
 
-MANAGER_VARIANTS: dict[str, type[StreamingFrontend]] = {
+TEACHING_SEAMS: list[str] = [
+    # notebook 03: the scheduler's step plan
+    "roseinfer.engine.scheduler.OnlineScheduler.schedule",
+    "roseinfer.engine.scheduler.OnlineScheduler._schedule_admissions",
+    # notebook 04: the worker thread
+    "roseinfer.server.manager.SchedulerManager._worker_loop",
+    # notebook 05 and tests/test_bench.py: the idle wait
+    "roseinfer.server.manager.SchedulerManager._idle",
+    "roseinfer.server.manager.SchedulerManager._wait_for_work",
+    # notebook 06: public accessors instead of scheduler internals
+    "roseinfer.server.manager.SchedulerManager._pop_finished",
+    "roseinfer.engine.scheduler.OnlineScheduler.get_generated_ids",
+    "roseinfer.engine.scheduler.OnlineScheduler.pop_response",
+    # notebook 07 and tests/test_bench.py: one lock per step
+    "roseinfer.server.manager.SchedulerManager._collect_step_records",
+    # notebook 08: the paged attention backends and the Triton kernel
+    "roseinfer.attention.torch_ref.TorchPagedAttention.forward",
+    "roseinfer.attention.cpu.CpuPagedAttention.forward",
+    "roseinfer.kernels.triton.paged_attention._paged_decode_kernel.fn",
+    # notebook 09: the runner's captured-step branches and the compiled step
+    "roseinfer.engine.runner.ModelRunner.execute",
+    "roseinfer.engine.compiled_decode.CompiledDecode._forward",
+    # notebook 10 and tests/test_history.py: admission with the prefix cache
+    "roseinfer.engine.scheduler.OnlineScheduler._admit",
+    "roseinfer.engine.block_manager.BlockManager.match_prefix",
+    "roseinfer.engine.scheduler.OnlineScheduler._register_full_blocks",
+    # notebook 11: the completions route
+    "roseinfer.server.routes_completions.completions",
+    # notebook 12: the dtype choice and the bf16 kernel's branch
+    "roseinfer.config.resolve_dtype",
+    "roseinfer.models.packed_linear.PackedLinear.forward",
+    "roseinfer.models.packed_linear.bf16_kernel_wanted",
+]
+
+MANAGER_VARIANTS: dict[str, type[Manager]] = {
     "current": SchedulerManager,
     "no-manager": NoManager,
     "polling": PollingWorkerManager,
@@ -36,7 +77,7 @@ MANAGER_VARIANTS: dict[str, type[StreamingFrontend]] = {
 }
 
 
-def make_manager(name: str, engine: InferenceEngine, **options: Any) -> StreamingFrontend:
+def make_manager(name: str, engine: InferenceEngine, **options: Any) -> Manager:
     try:
         cls = MANAGER_VARIANTS[name]
     except KeyError:

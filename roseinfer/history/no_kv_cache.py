@@ -7,15 +7,15 @@ scratch blocks that are freed after every step, so nothing is remembered.
 
 `KVCacheGenerator` is the same one-request loop with the increment, written
 so that its diff against `RecomputeGenerator` is the increment and nothing
-else. The engine does the same in `OnlineScheduler.step` for many requests:
+else. The engine does the same in `InferenceEngine.step` for many requests:
 each step feeds `seq.tokens(start, end)` from `start = seq.num_computed_tokens`.
 """
 
 from __future__ import annotations
 
+from roseinfer.engine.batch import BatchEntry
 from roseinfer.engine.block_manager import blocks_for
 from roseinfer.engine.engine import InferenceEngine
-from roseinfer.engine.runner import BatchEntry
 from roseinfer.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=1)

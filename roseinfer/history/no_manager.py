@@ -1,6 +1,6 @@
 """Before the SchedulerManager (retired by notebook 04): no manager at all.
 
-Each streaming request runs `engine.stream_generate` in a thread of its own,
+Each streaming request runs the engine's loop alone, in a thread of its own,
 and one global lock makes them take turns: a single request decodes at a
 time and every other one waits for the whole of it. It has the manager's
 interface, so the server and the benchmarks can run either.
@@ -13,34 +13,24 @@ import time
 from typing import Any
 
 from roseinfer.engine.engine import InferenceEngine
-from roseinfer.engine.scheduler import OnlineScheduler
-from roseinfer.server.manager import FinishedCallback, StreamingFrontend
+from roseinfer.server.manager import SchedulerManager
 from roseinfer.server.streams import RequestStream
 
 
-class NoManager(StreamingFrontend):
+class NoManager(SchedulerManager):
     variant = "no-manager"
 
-    def __init__(
-        self,
-        engine: InferenceEngine,
-        *,
-        stream_interval: int = 1,
-        max_inflight_requests: int | None = None,
-        on_finished: FinishedCallback | None = None,
-        tokenize_workers: int = 0,
-        **_scheduler_options: Any,  # there is no shared scheduler to configure
-    ) -> None:
-        super().__init__(
-            engine,
-            OnlineScheduler(engine),
-            stream_interval,
-            max_inflight_requests,
-            on_finished,
-            tokenize_workers,
-        )
+    def __init__(self, engine: InferenceEngine, **options: Any) -> None:
         self._engine_lock = threading.Lock()  # the one global lock
         self._cancelled: set[int] = set()
+        super().__init__(engine, **options)
+
+    def _start_worker(self) -> None:
+        pass  # no shared worker: each request runs in a thread of its own
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None
 
     def _enqueue_locked(self, stream: RequestStream) -> None:
         pass
@@ -51,29 +41,32 @@ class NoManager(StreamingFrontend):
     def _abort_locked(self, request_id: int) -> None:
         self._cancelled.add(request_id)
 
+    def _after_abort(self) -> None:
+        pass
+
     def _generate(self, stream: RequestStream) -> None:
+        """The whole request under the global lock: stream_generate's loop, its text in the stream."""
         rid = stream.request_id
         with self._engine_lock:
-            # engine.stream_tokens is stream_generate before detokenization: the
-            # RequestStream detokenizes, exactly as under the manager.
-            tokens = self.engine.stream_tokens(stream.prompt_token_ids, stream.params)
+            scheduler = self.engine.new_scheduler()
+            scheduler.add_request(stream.request, request_id=rid)
             try:
-                while True:
-                    try:
-                        token = next(tokens)
-                    except StopIteration as done:
-                        output = done.value
-                        break
-                    if rid in self._cancelled or self._stopping:
-                        return
-                    stream.on_token(token, time.perf_counter())
+                while scheduler.has_unfinished():
+                    for token in self.engine.step(scheduler).values():
+                        if rid in self._cancelled or self._stopping:
+                            return
+                        stream.on_token(token, time.perf_counter())
+                        if stream.stopped:
+                            scheduler.finish_request(rid, "stop")
+                output = scheduler.pop_response(rid)
                 with self._lock:
                     self._streams.pop(rid, None)
-                self._finished(stream, output.finish_reason, output.metrics, time.perf_counter())
+                reason = "stop" if stream.stopped else output.finish_reason
+                self._finished(stream, reason, output.metrics, time.perf_counter())
             except Exception as exc:
                 stream.fail(f"generation failed: {exc!r}")
             finally:
-                tokens.close()  # frees the KV blocks if we stopped early
+                scheduler.discard_request(rid)  # frees the KV blocks if we stopped early
                 with self._lock:
                     self._cancelled.discard(rid)
 

@@ -9,19 +9,19 @@ the notebook can show the change as a diff.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from roseinfer.engine.block_manager import blocks_for
-from roseinfer.engine.scheduler import OnlineScheduler
+from roseinfer.engine.block_manager import BlockManager, blocks_for
+from roseinfer.engine.scheduler import OnlineScheduler, SchedulerLimits
 from roseinfer.engine.sequence import RequestStatus, Sequence
 
 
 class NoPrefixCacheScheduler(OnlineScheduler):
     variant = "no-prefix-cache"
 
-    def __init__(self, engine, **options: Any) -> None:
-        # step() registers full blocks only when the cache is on: off, nothing is ever found.
-        super().__init__(engine, **{**options, "enable_prefix_cache": False})
+    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_id: int) -> None:
+        # update() registers full blocks only when the cache is on: off, nothing is ever found.
+        super().__init__(block_manager, dataclasses.replace(limits, enable_prefix_cache=False), eos_token_id)
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting request its blocks; returns the tokens it computes now (0: not now)."""

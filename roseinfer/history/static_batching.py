@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roseinfer.engine.batch import BatchEntry
 from roseinfer.engine.block_manager import blocks_for
 from roseinfer.engine.engine import InferenceEngine
-from roseinfer.engine.runner import BatchEntry
 from roseinfer.sampling import SamplingParams
 
 

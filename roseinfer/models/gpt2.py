@@ -7,20 +7,28 @@ for their sequence. A decode step therefore computes one token a sequence and
 never recomputes the prefix.
 
 Parameter names follow Hugging Face's GPT-2 (wte, wpe, h.N.attn.c_attn, ...),
-but the projections are `nn.Linear` (HF stores them transposed, as Conv1D);
-the loader transposes on the way in.
+but the projections are `nn.Linear` (HF stores them transposed, as Conv1D):
+`state_dict_from_hf` transposes on the way in. The class is the GPT-2 family
+of roseinfer.models.registry: it owns that mapping and the config.json one.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roseinfer.attention.base import AttentionBackend, AttentionMetadata, TorchPagedAttention
-from roseinfer.config import ModelConfig
+from roseinfer.attention.base import AttentionBackend, AttentionMetadata
+from roseinfer.attention.torch_ref import TorchPagedAttention
+from roseinfer.config import GPT2_EOS_TOKEN_ID, GPT2_VOCAB_SIZE, ModelConfig
+
+# HF GPT-2 stores these projections as Conv1D, [in, out]; nn.Linear wants [out, in].
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers of HF's implementation (causal mask), not weights.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
 class CausalSelfAttention(nn.Module):
@@ -70,6 +78,8 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
+    model_type = "gpt2"
+
     def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
         super().__init__()
         self.config = config
@@ -97,7 +107,7 @@ class GPT2(nn.Module):
         packed = self.__dict__.get("_packed_lm_head")
         return packed(hidden) if packed is not None else F.linear(hidden, self.wte.weight)
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self, cpu_linear: str = "auto") -> None:
         """Store every projection, and a copy of the LM head, in oneDNN's layout (CPU, fp32 or bf16).
 
         The MLP's GELU moves into its first matrix's kernel. The LM head copy is
@@ -107,10 +117,10 @@ class GPT2(nn.Module):
         from roseinfer.models.packed_linear import PackedLinear, pack_linears
 
         for block in self.h:
-            block.mlp.c_fc = PackedLinear.from_linear(block.mlp.c_fc, activation="gelu_tanh")
+            block.mlp.c_fc = PackedLinear.from_linear(block.mlp.c_fc, "gelu_tanh", cpu_linear)
             block.mlp.act = nn.Identity()
-        pack_linears(self.h)
-        self.__dict__["_packed_lm_head"] = PackedLinear(self.wte.weight, None)
+        pack_linears(self.h, cpu_linear)
+        self.__dict__["_packed_lm_head"] = PackedLinear(self.wte.weight, None, cpu_linear=cpu_linear)
 
     @torch.no_grad()
     def init_random_(self, seed: int) -> GPT2:
@@ -127,3 +137,78 @@ class GPT2(nn.Module):
                 std = residual_std if name.endswith("c_proj.weight") else 0.02
                 param.copy_(torch.empty(param.shape).normal_(0.0, std, generator=gen))
         return self
+
+    # -- the family's Hugging Face mapping (roseinfer.models.base.ModelFamily) ---------------
+    @staticmethod
+    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face GPT-2 config.json (unknown keys are ignored)."""
+        activation = hf.get("activation_function", "gelu_new")
+        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported GPT-2 activation_function {activation!r}")
+        return ModelConfig(
+            n_embd=hf.get("n_embd", hf.get("hidden_size", 768)),
+            n_layer=hf.get("n_layer", hf.get("num_hidden_layers", 12)),
+            n_head=hf.get("n_head", hf.get("num_attention_heads", 12)),
+            n_positions=hf.get("n_positions", hf.get("max_position_embeddings", 1024)),
+            vocab_size=hf.get("vocab_size", GPT2_VOCAB_SIZE),
+            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+            eos_token_id=hf.get("eos_token_id") or GPT2_EOS_TOKEN_ID,
+            family=GPT2.model_type,
+        )
+
+    @staticmethod
+    def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+        """The config.json that HF `GPT2Config` reads back as the same architecture."""
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "activation_function": "gelu_new",
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+            "n_head": config.n_head,
+            "n_positions": config.n_positions,
+            "n_ctx": config.n_positions,
+            "vocab_size": config.vocab_size,
+            "layer_norm_epsilon": config.layer_norm_epsilon,
+            "bos_token_id": config.eos_token_id,
+            "eos_token_id": config.eos_token_id,
+            "tie_word_embeddings": True,
+        }
+
+    @staticmethod
+    def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+        """HF GPT-2 names and layouts -> roseinfer's (prefix dropped, Conv1D transposed)."""
+        out: dict[str, torch.Tensor] = {}
+        lm_head = None
+        for name, tensor in hf_state.items():
+            name = name.removeprefix("transformer.")
+            if name == "lm_head.weight":
+                lm_head = tensor
+            elif not name.endswith(_IGNORED_SUFFIXES):
+                out[name] = (tensor.t() if name.endswith(_CONV1D_SUFFIXES) else tensor).contiguous()
+        if lm_head is not None and "wte.weight" in out and not torch.equal(lm_head, out["wte.weight"]):
+            raise ValueError("this checkpoint's lm_head is not tied to wte; GPT-2 ties them")
+        if lm_head is not None and "wte.weight" not in out:
+            out["wte.weight"] = lm_head
+        expected = {f"h.{i}." for i in range(config.n_layer)}
+        present = {name[: name.index(".", 2) + 1] for name in out if name.startswith("h.")}
+        if present != expected:
+            raise ValueError(f"checkpoint layers {sorted(present)} do not match n_layer={config.n_layer}")
+        return out
+
+    @staticmethod
+    def state_dict_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """roseinfer's names and layouts -> HF GPT2LMHeadModel's (fp32, Conv1D transposed back)."""
+        hf_state = {}
+        for name, tensor in state.items():
+            tensor = tensor.detach().cpu().float()
+            if name.endswith(_CONV1D_SUFFIXES):
+                tensor = tensor.t()
+            hf_state[f"transformer.{name}"] = tensor.contiguous()
+        return hf_state
+
+    @staticmethod
+    def num_parameters(config: ModelConfig) -> int:
+        e, v, p = config.n_embd, config.vocab_size, config.n_positions
+        per_layer = 12 * e * e + 13 * e  # qkv + proj + 2 MLP matrices, their biases, 2 LayerNorms
+        return v * e + p * e + config.n_layer * per_layer + 2 * e  # lm_head is tied to wte

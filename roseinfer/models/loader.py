@@ -27,17 +27,12 @@ import torch
 
 from roseinfer import hub
 from roseinfer.config import PRESET_HF_IDS, PRESETS, ModelConfig, preset_for
+from roseinfer.models.registry import model_family
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "roseinfer-gpt2"
+CHECKPOINT_FORMAT = "roseinfer-gpt2"  # the name of version 1, kept so old files load
 CHECKPOINT_VERSION = 1
-
-# HF GPT-2 stores these projections as Conv1D, [in, out]; nn.Linear wants [out, in].
-_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Buffers of HF's implementation (causal mask), not weights.
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-
 
 @dataclass
 class LoadedWeights:
@@ -49,32 +44,6 @@ class LoadedWeights:
     @property
     def is_random(self) -> bool:
         return self.source == "random"
-
-
-def convert_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF GPT-2 names and layouts -> roseinfer's (prefix dropped, Conv1D transposed)."""
-    out: dict[str, torch.Tensor] = {}
-    lm_head = None
-    for name, tensor in hf_state.items():
-        if name.startswith("transformer."):
-            name = name[len("transformer.") :]
-        if name == "lm_head.weight":
-            lm_head = tensor
-            continue
-        if name.endswith(_IGNORED_SUFFIXES):
-            continue
-        if name.endswith(_CONV1D_SUFFIXES):
-            tensor = tensor.t()
-        out[name] = tensor.contiguous()
-    if lm_head is not None and "wte.weight" in out and not torch.equal(lm_head, out["wte.weight"]):
-        raise ValueError("this checkpoint's lm_head is not tied to wte; GPT-2 ties them")
-    if lm_head is not None and "wte.weight" not in out:
-        out["wte.weight"] = lm_head
-    expected = {f"h.{i}." for i in range(config.n_layer)}
-    present = {name[: name.index(".", 2) + 1] for name in out if name.startswith("h.")}
-    if present != expected:
-        raise ValueError(f"checkpoint layers {sorted(present)} do not match n_layer={config.n_layer}")
-    return out
 
 
 def _read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -102,29 +71,27 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory", label
     if not config_file.is_file():
         raise FileNotFoundError(f"{directory}: no config.json, so not a Hugging Face model directory")
     hf_config = json.loads(config_file.read_text())
-    if hf_config.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"{directory}: model_type {hf_config['model_type']!r} is not gpt2")
-    config = ModelConfig.from_hf_dict(hf_config)
-    state = convert_hf_state_dict(_read_hf_tensors(directory), config)
+    try:
+        family = model_family(hf_config.get("model_type", "gpt2"))
+    except ValueError as exc:
+        raise ValueError(f"{directory}: {exc}") from None
+    config = family.config_from_hf(hf_config)
+    state = family.state_dict_from_hf(_read_hf_tensors(directory), config)
     return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}")
 
 
 def save_hf_directory(
     directory: str | Path, config: ModelConfig, state_dict: dict[str, torch.Tensor]
 ) -> Path:
-    """Write weights in HF GPT-2 layout, so `GPT2LMHeadModel.from_pretrained` runs the very same model."""
+    """Write weights in HF layout, so transformers' `from_pretrained` runs the very same model."""
     from safetensors.torch import save_file
 
+    family = model_family(config.family)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    hf_state = {}
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach().cpu().float()
-        if name.endswith(_CONV1D_SUFFIXES):
-            tensor = tensor.t()
-        hf_state[f"transformer.{name}"] = tensor.contiguous()
+    hf_state = family.state_dict_to_hf(state_dict)
     save_file(hf_state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+    (directory / "config.json").write_text(json.dumps(family.config_to_hf(config), indent=2))
     return directory
 
 
@@ -153,11 +120,9 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
 
 
 def random_weights(preset: str, seed: int, why: str = "no checkpoint given") -> LoadedWeights:
-    from roseinfer.models.gpt2 import GPT2
-
     config = PRESETS[preset]
     with torch.device("meta"):
-        model = GPT2(config)
+        model = model_family(config.family)(config)
     model = model.to_empty(device="cpu").init_random_(seed)
     return LoadedWeights(
         config,

@@ -18,8 +18,18 @@ bf16 units' peak, and ours reaches it (`benchmark_bf16_linear.py` shows both,
 per shape). Not on a CPU with AMX: there oneDNN's bf16 kernel (which can use
 the AMX tiles) was the faster one from a few rows on, on the one such CPU
 measured (notebook 12 measures both, and how much of the gap is the tiles'),
-so oneDNN keeps the projections. `ROSEINFER_CPU_LINEAR=onednn` or `=roseinfer` overrides
-the choice for every projection built while it is set.
+so oneDNN keeps the projections.
+
+In fp32, oneDNN's packed kernel pays a fixed cost a call (about 54 us on a
+2-core AVX2 EPYC) that a plain `F.linear` does not: there a batch-1 step was
+slower packed, a batch-8 step much faster. So the first fp32 projection
+packed in a process times both on one representative shape at a few row
+counts (`fp32_small_rows`, as the bf16 choice is made from the CPU) and the
+row counts where `F.linear` won go to it, on the dense weight it keeps.
+
+The choice is `EngineConfig.cpu_linear` ("auto", "onednn", "roseinfer",
+"torch"), passed to each `PackedLinear`; ROSEINFER_CPU_LINEAR overrides the
+config's default when the config is built.
 
 `PackedLinear` holds only the packed weight; its state_dict still reads and
 writes ordinary dense tensors under the usual names, so checkpoints and
@@ -28,115 +38,99 @@ writes ordinary dense tensors under the usual names, so checkpoints and
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import logging
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from roseinfer.config import amx_bf16_cpu
-from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
+from roseinfer.kernels.cpu.bindings import (
+    PANEL_COLUMNS,
+    bf16_linear,
+    load_bf16_linear_kernel,
+    pack_panels,
+    unpack_panels,
+)
+
+logger = logging.getLogger("roseinfer.models")
 
 # The number of rows oneDNN tunes the weight layout for. Decode steps have one
 # row a running request: 32 is the middle of the batches a CPU serves (the
 # layout is valid for any number of rows; only its speed depends on the hint).
 PACK_FOR_ROWS = 32
 
-# Output columns per panel of the bf16 kernel's weight layout (NB in linear_bf16.c).
-PANEL_COLUMNS = 32
-
 # Fused activations: (oneDNN attribute, algorithm).
 ACTIVATIONS = {"none": ("none", ""), "gelu_tanh": ("gelu", "tanh")}
 
+CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch")
+# Row counts at which fp32's F.linear is timed against the packed kernel, and the shape (gpt2's
+# qkv, a middle-sized projection): a decode step below 8 rows is where a fixed cost could show.
+SMALL_ROWS_PROBE = (1, 2, 4, 8)
+PROBE_SHAPE = (2304, 768)
+PROBE_REPEATS = 25
 
-BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
+
+def bf16_kernel_wanted(dtype: torch.dtype, cpu_linear: str = "auto") -> bool:
+    """Whether bf16 projections go to roseinfer's kernel (else oneDNN's): where the kernel can run, unless the CPU
+    has AMX (oneDNN's kernel is the faster there from a few rows on) or `cpu_linear` (the config's choice) names one."""
+    if dtype != torch.bfloat16 or cpu_linear in ("onednn", "torch") or load_bf16_linear_kernel() is None:
+        return False
+    return cpu_linear == "roseinfer" or not amx_bf16_cpu()
+
+
+def choose_kernel(dtype: torch.dtype, in_features: int, cpu_linear: str) -> str:
+    """The kernel a projection runs on: "roseinfer" (bf16), "onednn" (packed) or "torch" (F.linear)."""
+    if cpu_linear not in CPU_LINEAR_CHOICES:
+        raise ValueError(f"cpu_linear must be one of {CPU_LINEAR_CHOICES}, not {cpu_linear!r}")
+    if cpu_linear == "torch":
+        return "torch"
+    return "roseinfer" if bf16_kernel_wanted(dtype, cpu_linear) and in_features % 2 == 0 else "onednn"
+
+
+def small_rows_threshold(timer: Callable[[int], tuple[float, float]]) -> int:
+    """The largest probed row count up to which F.linear was faster at every count (0: at none).
+
+    `timer(rows)` gives (F.linear seconds, packed seconds); stopping at the first loss keeps the
+    rule one threshold, as a fixed per-call cost predicts (it matters less as rows grow).
+    """
+    threshold = 0
+    for rows in SMALL_ROWS_PROBE:
+        plain, packed = timer(rows)
+        if plain >= packed:
+            break
+        threshold = rows
+    return threshold
+
+
+def _time_fp32_linears(rows: int) -> tuple[float, float]:
+    """Median seconds of F.linear and of the packed oneDNN call on PROBE_SHAPE, interleaved."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(PROBE_SHAPE, generator=gen)
+    x = torch.randn(rows, PROBE_SHAPE[1], generator=gen)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
+    calls = (lambda: F.linear(x, weight), lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+    times: tuple[list[float], list[float]] = ([], [])
+    for repeat in range(PROBE_REPEATS + 3):
+        for call, spent in zip(calls, times):
+            start = time.perf_counter()
+            call()
+            if repeat >= 3:  # the first calls set up oneDNN's primitive and the caches
+                spent.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 @functools.cache
-def load_bf16_linear_kernel() -> ctypes.CDLL | None:
-    """roseinfer's bf16 projection kernel, or None where it cannot run (no AVX512-BF16, no compiler)."""
-    lib = load_kernel_library(BF16_KERNEL_SOURCE, "bf16 projection", "oneDNN's kernel")
-    if lib is None or not lib.linear_bf16_supported():
-        return None
-    assert lib.linear_bf16_panel_columns() == PANEL_COLUMNS, "linear_bf16.c and packed_linear.py disagree"
-    lib.argmax_bf16.restype = None
-    lib.argmax_bf16.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
-    lib.linear_bf16.restype = ctypes.c_int
-    lib.linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                ctypes.c_void_p] + [ctypes.c_int64] * 4
-    return lib
-
-
-def bf16_kernel_wanted(dtype: torch.dtype) -> bool:
-    """Whether bf16 projections go to roseinfer's kernel (else oneDNN's): where the kernel can run, unless the CPU
-    has AMX (oneDNN's kernel is the faster there from a few rows on) or ROSEINFER_CPU_LINEAR names one."""
-    choice = os.environ.get("ROSEINFER_CPU_LINEAR", "").lower()
-    if dtype != torch.bfloat16 or choice == "onednn" or load_bf16_linear_kernel() is None:
-        return False
-    return choice == "roseinfer" or not amx_bf16_cpu()
-
-
-@contextmanager
-def cpu_linear(choice: str) -> Iterator[None]:
-    """Projections built inside the block use `choice`'s bf16 kernel: "roseinfer" (where it can run) or
-    "onednn". How a benchmark or a notebook puts both side by side in one process."""
-    if choice not in ("roseinfer", "onednn"):
-        raise ValueError(f"cpu_linear: 'roseinfer' or 'onednn', not {choice!r}")
-    before = os.environ.get("ROSEINFER_CPU_LINEAR")
-    os.environ["ROSEINFER_CPU_LINEAR"] = choice
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["ROSEINFER_CPU_LINEAR"]
-        else:
-            os.environ["ROSEINFER_CPU_LINEAR"] = before
-
-
-def pack_panels(weight: torch.Tensor, columns: int) -> torch.Tensor:
-    """[N, K] -> [N/columns, K/2, columns, 2]: the order linear_bf16.c streams a panel of columns in."""
-    n, k = weight.shape
-    padded = weight.new_zeros(-(-n // columns) * columns, k)
-    padded[:n] = weight
-    return padded.view(-1, columns, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-
-
-def unpack_panels(packed: torch.Tensor, n: int) -> torch.Tensor:
-    panels, pairs, columns, _ = packed.shape
-    return packed.permute(0, 2, 1, 3).reshape(panels * columns, pairs * 2)[:n].contiguous()
-
-
-def bf16_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, gelu: bool, n: int
-) -> torch.Tensor:
-    """x [M, K] through the packed panels of an [n, K] weight (bias fp32, padded to whole panels)."""
-    pairs = packed.shape[1]
-    if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
-        x = x.to(torch.bfloat16).contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-    status = load_bf16_linear_kernel().linear_bf16(
-        x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None, int(gelu),
-        y.data_ptr(), x.shape[0], n, pairs * 2, torch.get_num_threads(),
-    )
-    if status:
-        raise ValueError(f"linear_bf16 failed (status {status}) on x {tuple(x.shape)}")
-    return y
-
-
-def argmax_bf16(logits: torch.Tensor) -> torch.Tensor | None:
-    """Each row's argmax of CPU bf16 logits [rows, vocab] by the kernel library, or None where it cannot."""
-    if logits.dtype != torch.bfloat16 or logits.device.type != "cpu" or logits.stride(-1) != 1:
-        return None
-    lib = load_bf16_linear_kernel()
-    if lib is None:
-        return None
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
-    lib.argmax_bf16(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr(),
-                    torch.get_num_threads())
-    return out
+def fp32_small_rows() -> int:
+    """Up to how many rows fp32 projections go to F.linear on this CPU: measured once a process, at first use."""
+    threshold = small_rows_threshold(_time_fp32_linears)
+    logger.info("roseinfer: fp32 projections of up to %d rows take F.linear (faster than oneDNN's packed kernel "
+                "there on this CPU), more rows the packed kernel", threshold)
+    return threshold
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -148,20 +142,30 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none") -> None:
+    """A projection on the CPU kernel `cpu_linear` picks (see choose_kernel), its weight in that kernel's layout."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none", cpu_linear: str = "auto"
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.activation = activation
         self._attr, self._algorithm = ACTIVATIONS[activation]
-        self.kernel = "roseinfer" if bf16_kernel_wanted(weight.dtype) and weight.shape[1] % 2 == 0 else "onednn"
+        self.kernel = choose_kernel(weight.dtype, self.in_features, cpu_linear)
+        # fp32 on oneDNN: row counts up to this one take F.linear on the dense weight (see fp32_small_rows).
+        self.small_rows = fp32_small_rows() if self.kernel == "onednn" and weight.dtype == torch.float32 \
+            and cpu_linear in ("auto", "roseinfer") else 0
         self._pack(weight, bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str = "none") -> PackedLinear:
-        return cls(linear.weight, linear.bias, activation)
+    def from_linear(cls, linear: nn.Linear, activation: str = "none", cpu_linear: str = "auto") -> PackedLinear:
+        return cls(linear.weight, linear.bias, activation, cpu_linear)
 
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.has_bias = bias is not None
+        # The dense weight, kept only where F.linear reads it. A view, not a copy: for the LM head it is
+        # the embedding's own matrix; for a projection, the tensor it was built from.
+        self._dense = weight.detach() if self.kernel == "torch" or self.small_rows else None
         if self.kernel == "roseinfer":
             self._weight = pack_panels(weight.detach(), PANEL_COLUMNS)
             self._bias = None
@@ -169,19 +173,27 @@ class PackedLinear(nn.Module):
                 self._bias = torch.zeros(self._weight.shape[0] * PANEL_COLUMNS)
                 self._bias[: self.out_features] = bias.detach().float()
             return
-        self._weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_FOR_ROWS)
         self._bias = bias.detach().to(weight.dtype).contiguous() if bias is not None else None
+        if self.kernel == "torch":
+            self._weight = self._dense
+            return
+        self._weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_FOR_ROWS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
+        compiling = torch.compiler.is_compiling()
         if self.kernel == "roseinfer":
             gelu = self.activation == "gelu_tanh"
-            if torch.compiler.is_compiling():
+            if compiling:
                 y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
             else:
                 y = bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
-        elif torch.compiler.is_compiling():  # opaque to torch.compile: see packed_linear_op
+        elif self.kernel == "torch" or (not compiling and rows.shape[0] <= self.small_rows):
+            y = F.linear(rows, self._dense, self._bias)
+            if self.activation == "gelu_tanh":
+                y = F.gelu(y, approximate="tanh")
+        elif compiling:  # opaque to torch.compile: see packed_linear_op
             y = torch.ops.roseinfer.packed_linear(
                 rows, self._weight, self._bias, self._attr, self._algorithm, self.out_features
             )
@@ -195,7 +207,7 @@ class PackedLinear(nn.Module):
             if self.has_bias:
                 destination[prefix + "bias"] = self._bias[: self.out_features].to(self._weight.dtype)
             return
-        destination[prefix + "weight"] = self._weight.to_dense()
+        destination[prefix + "weight"] = self._dense if self.kernel == "torch" else self._weight.to_dense()
         if self.has_bias:
             destination[prefix + "bias"] = self._bias
 
@@ -248,13 +260,13 @@ def _(x, packed, bias, gelu, n):
     return x.new_empty(x.shape[0], n, dtype=torch.bfloat16)
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear below `module` with a PackedLinear; returns how many."""
+def pack_linears(module: nn.Module, cpu_linear: str = "auto") -> int:
+    """Replace every nn.Linear below `module` with a PackedLinear on `cpu_linear`'s kernel; returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear.from_linear(child))
+            setattr(module, name, PackedLinear.from_linear(child, cpu_linear=cpu_linear))
             count += 1
         else:
-            count += pack_linears(child)
+            count += pack_linears(child, cpu_linear)
     return count

@@ -18,8 +18,8 @@ import sys
 from typing import Any
 
 from roseinfer.cli import add_engine_args, command_parser, engine_from_args, scheduler_options
-from roseinfer.history import MANAGER_VARIANTS, make_manager
-from roseinfer.server.api import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+from roseinfer.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+from roseinfer.server.manager import SchedulerManager
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.tokenizer import ChatFormatter
 
@@ -43,12 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("serving")
     e.add_argument("--stream-interval", type=int, default=1, help="flush streamed text every N tokens")
     e.add_argument("--max-inflight-requests", type=int, default=1024, help="beyond this, HTTP 429")
-    e.add_argument(
-        "--manager-variant",
-        default="current",
-        choices=sorted(MANAGER_VARIANTS),
-        help="an earlier manager from roseinfer.history (for comparisons)",
-    )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
@@ -66,8 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_app(args: argparse.Namespace) -> Any:
     engine = engine_from_args(args)
     metrics = ServerMetrics()
-    manager = make_manager(
-        args.manager_variant,
+    manager = SchedulerManager(
         engine,
         **scheduler_options(args),
         stream_interval=args.stream_interval,
@@ -83,10 +76,9 @@ def build_app(args: argparse.Namespace) -> Any:
         max_request_bytes=args.max_request_bytes,
     )
     logger.info(
-        "roseinfer: serving %s with %s (%s manager) on http://%s:%d%s",
+        "roseinfer: serving %s with %s on http://%s:%d%s",
         " / ".join(map(repr, settings.model_names)),
         engine.weights.description,
-        manager.variant,
         args.host,
         args.port,
         " with an API key" if settings.api_key else "",

@@ -1,4 +1,4 @@
-"""SchedulerManager: one worker thread drives an OnlineScheduler for many streams.
+"""SchedulerManager: one worker thread steps the engine over an OnlineScheduler for many streams.
 
     manager = SchedulerManager(engine, stream_interval=4)
     rid = manager.add_request(prompt="Hello", params=SamplingParams(max_new_tokens=32))
@@ -6,21 +6,24 @@
         print(piece, end="")
 
 Threads:
-- Callers (HTTP handlers) tokenize and validate in their own thread, outside
-  the lock; then, under the lock, they queue the request with its
+- Callers (HTTP handlers) validate in their own thread (`engine.validate`
+  tokenizes and checks, once), outside the lock; then, under the lock, they queue the request with its
   RequestStream; then they set the wake-up event. With `tokenize_workers=N`
   a pool of N threads tokenizes and queues instead, and `submit` returns as
   soon as the stream exists (the seed posts' benchmark measures both ways).
 - The worker is the only thread that touches the scheduler. When it has
   nothing to do it clears the event *under the lock* and then waits on it,
   so a request queued between its check and its wait still wakes it: no
-  polling and no lost wake-up. When it has work it steps the scheduler, takes
+  polling and no lost wake-up. When it has work it runs `engine.step`, takes
   the lock once to fetch the stream of every request that got a token or
-  finished, and detokenizes and delivers outside the lock.
+  finished, and detokenizes and delivers outside the lock. A request's stream
+  owns its text, stop strings included: when one appears, the worker ends the
+  request in the scheduler (`finish_request`) before the next step.
 
 The scheduler is used only through its public methods. The seams
-`_wait_for_work`, `_collect_step_records` and `_pop_finished` are what the
-earlier versions in roseinfer.history override.
+`_wait_for_work`, `_idle`, `_collect_step_records` and `_pop_finished` are
+what the earlier versions in roseinfer.history override (listed, with every
+other pinned method, in `roseinfer.history.TEACHING_SEAMS`).
 """
 
 from __future__ import annotations
@@ -33,11 +36,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from roseinfer.engine.engine import InferenceEngine
 from roseinfer.engine.openmp import release_openmp_workers
-from roseinfer.engine.scheduler import OnlineScheduler
 from roseinfer.engine.sequence import RequestMetrics
 from roseinfer.sampling import SamplingParams
 from roseinfer.server.streams import RequestStream, RequestTimings
@@ -55,33 +57,60 @@ class EngineDeadError(RuntimeError):
     """The worker has failed or the server is shutting down (HTTP 503)."""
 
 
-class RequestFailedError(RuntimeError):
-    """One request failed inside the engine (the scheduler ended it with finish reason "error")."""
+class Manager(Protocol):
+    """What the server needs from a manager (SchedulerManager, or a history variant)."""
+
+    engine: InferenceEngine
+
+    def submit(
+        self,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> RequestStream: ...
+
+    def abort(self, request_id: int) -> None: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def error(self) -> BaseException | None: ...
 
 
-class StreamingFrontend:
-    """What every manager variant shares: validation, admission limits, stream registry.
+@dataclass
+class StepRecord:
+    """What the worker needs, outside the lock, to deliver one request's step."""
 
-    Subclasses decide how a queued request gets generated (`_enqueue_locked`,
-    `_after_enqueue`) and aborted (`_abort_locked`).
-    """
+    stream: RequestStream
+    token: int | None
+    finished: bool
 
-    variant = "base"
+
+class SchedulerManager:
+    variant = "current"
 
     def __init__(
         self,
         engine: InferenceEngine,
-        scheduler: OnlineScheduler,
-        stream_interval: int,
-        max_inflight_requests: int | None,
-        on_finished: FinishedCallback | None,
+        *,
+        stream_interval: int = 1,
+        max_inflight_requests: int | None = None,
+        on_finished: FinishedCallback | None = None,
         tokenize_workers: int = 0,
+        **limits: Any,
     ) -> None:
+        """`limits` are SchedulerLimits fields (max_batch_size, max_num_batched_tokens, ...)."""
         self.engine = engine
         self.stream_interval = stream_interval
         self.max_inflight_requests = max_inflight_requests
         self._on_finished = on_finished  # e.g. Prometheus histograms
-        self._scheduler = scheduler
+        self._scheduler = engine.new_scheduler(**limits)
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._streams: dict[int, RequestStream] = {}  # requests not finished yet
@@ -101,6 +130,16 @@ class StreamingFrontend:
         # The detokenizer's id -> bytes table is built on first use (~45 ms of Python for
         # GPT-2's 50,257 tokens): build it now, not while the first request waits for its token.
         engine.tokenizer.token_bytes(0)
+        self._wakeup = threading.Event()
+        self._pending: list[RequestStream] = []  # queued by callers, not yet in the scheduler
+        self._aborts: list[int] = []  # aborted after reaching the scheduler
+        self._stats: dict[str, Any] = self._scheduler_stats()
+        self.num_idle_wakeups = 0  # how often the idle worker woke up (notebook 05 counts them)
+        self._start_worker()
+
+    def _start_worker(self) -> None:
+        self._worker = threading.Thread(target=self._worker_loop, name="roseinfer-worker", daemon=True)
+        self._worker.start()
 
     def submit(
         self,
@@ -121,9 +160,10 @@ class StreamingFrontend:
             self._tokenize_pool.submit(self._tokenize_and_queue, stream, prompt, prompt_token_ids)
             return stream
         # Tokenize and validate in the caller's thread, outside the lock.
-        token_ids = self._scheduler.validate_request(prompt, prompt_token_ids, params)
+        request = self.engine.validate(prompt, prompt_token_ids, params)
         timings.tokenized = time.perf_counter()
-        stream = self._register(token_ids, params, timings, loop)
+        stream = self._register(request.prompt_token_ids, request.params, timings, loop)
+        stream.request = request
         self._queue(stream)
         return stream
 
@@ -171,9 +211,8 @@ class StreamingFrontend:
     ) -> None:
         """In a tokenize worker: tokenize and validate, then queue (or end the stream with the error)."""
         try:
-            stream.prompt_token_ids = self._scheduler.validate_request(
-                prompt, prompt_token_ids, stream.params
-            )
+            stream.request = self.engine.validate(prompt, prompt_token_ids, stream.params)
+            stream.prompt_token_ids = stream.request.prompt_token_ids
         except Exception as exc:
             with self._lock:
                 self._streams.pop(stream.request_id, None)
@@ -215,10 +254,6 @@ class StreamingFrontend:
             self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
-    def healthy(self) -> bool:
-        return self._error is None
-
-    @property
     def error(self) -> BaseException | None:
         return self._error
 
@@ -229,61 +264,6 @@ class StreamingFrontend:
         stream.on_finish(finish_reason, now)
         if self._on_finished is not None:
             self._on_finished(stream, metrics)
-
-    # Hooks for the subclasses.
-    def _enqueue_locked(self, stream: RequestStream) -> None:
-        raise NotImplementedError
-
-    def _after_enqueue(self, stream: RequestStream) -> None:
-        raise NotImplementedError
-
-    def _abort_locked(self, request_id: int) -> None:
-        raise NotImplementedError
-
-    def _after_abort(self) -> None:
-        pass
-
-
-@dataclass
-class StepRecord:
-    """What the worker needs, outside the lock, to deliver one request's step."""
-
-    stream: RequestStream
-    token: int | None
-    finished: bool
-
-
-class SchedulerManager(StreamingFrontend):
-    variant = "current"
-
-    def __init__(
-        self,
-        engine: InferenceEngine,
-        *,
-        max_batch_size: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        enable_prefix_cache: bool | None = None,
-        stream_interval: int = 1,
-        max_inflight_requests: int | None = None,
-        on_finished: FinishedCallback | None = None,
-        tokenize_workers: int = 0,
-    ) -> None:
-        scheduler = OnlineScheduler(
-            engine,
-            max_batch_size=max_batch_size,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_cache=enable_prefix_cache,
-        )
-        super().__init__(
-            engine, scheduler, stream_interval, max_inflight_requests, on_finished, tokenize_workers
-        )
-        self._wakeup = threading.Event()
-        self._pending: list[RequestStream] = []  # queued by callers, not yet in the scheduler
-        self._aborts: list[int] = []  # aborted after reaching the scheduler
-        self._stats: dict[str, Any] = self._scheduler_stats()
-        self.num_idle_wakeups = 0  # how often the idle worker woke up (notebook 05 counts them)
-        self._worker = threading.Thread(target=self._worker_loop, name="roseinfer-worker", daemon=True)
-        self._worker.start()
 
     # -- callers ----------------------------------------------------------------------
     def _enqueue_locked(self, stream: RequestStream) -> None:
@@ -333,7 +313,7 @@ class SchedulerManager(StreamingFrontend):
                 if not self._scheduler.has_unfinished():
                     self._idle()
                     continue
-                step_tokens = self._scheduler.step()
+                step_tokens = self.engine.step(self._scheduler)
                 finished = self._scheduler.pop_finished_ids()
                 self._publish_stats()
                 self._deliver(self._collect_step_records(step_tokens, finished), finished)
@@ -351,9 +331,7 @@ class SchedulerManager(StreamingFrontend):
             self._scheduler.discard_request(rid)
         for s in pending:
             try:
-                self._scheduler.add_request(
-                    prompt_token_ids=s.prompt_token_ids, params=s.params, request_id=s.request_id
-                )
+                self._scheduler.add_request(s.request, request_id=s.request_id)
             except Exception as exc:  # validated by the caller, so this is a bug: it costs one request
                 self._fail_request(s, exc, scheduled=False)
         if aborts:
@@ -392,33 +370,29 @@ class SchedulerManager(StreamingFrontend):
         of the step itself (`_worker_loop`) ends every stream.
         """
         now = time.perf_counter()
-        outcomes = {rid: self._finish_outcome(rid) for rid in finished}
         for record in records:
             stream = record.stream
             try:
                 if record.token is not None:
                     stream.on_token(record.token, now)
-                if record.finished:
-                    error, finish_reason, metrics = outcomes[stream.request_id]
-                    if error is not None:
-                        raise RequestFailedError(error)
-                    self._finished(stream, finish_reason, metrics, now)
+                if record.finished or stream.stopped:
+                    self._finish_stream(stream, record.finished, now)
             except Exception as exc:
-                self._fail_request(stream, exc, scheduled=not record.finished)
+                self._fail_request(stream, exc, scheduled=True)
 
-    def _finish_outcome(self, request_id: int) -> tuple[str | None, str | None, RequestMetrics | None]:
-        """(error, finish reason, metrics) of a finished request, which leaves the scheduler."""
-        try:
-            error = self._scheduler.get_error(request_id)
-            return (error, *self._pop_finished(request_id))
-        except Exception as exc:
-            self._scheduler.discard_request(request_id)
-            return repr(exc), None, None
+    def _finish_stream(self, stream: RequestStream, popped: bool, now: float) -> None:
+        """End a finished request's stream; one that hit a stop string is finished here first."""
+        rid = stream.request_id
+        if not popped:  # the stream saw a stop string: end the request before the next step
+            self._scheduler.finish_request(rid, "stop")
+            with self._lock:
+                self._streams.pop(rid, None)
+        finish_reason, metrics = self._pop_finished(rid)
+        self._finished(stream, "stop" if stream.stopped else finish_reason, metrics, now)
 
     def _fail_request(self, stream: RequestStream, exc: Exception, scheduled: bool) -> None:
         """End one request with an error; the others are untouched. Worker thread only."""
-        if not isinstance(exc, RequestFailedError):
-            logger.exception("request %s failed; the others go on", stream.request_id, exc_info=exc)
+        logger.exception("request %s failed; the others go on", stream.request_id, exc_info=exc)
         with self._lock:
             self._streams.pop(stream.request_id, None)
         if scheduled:

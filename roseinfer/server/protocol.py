@@ -18,6 +18,8 @@ however deeply nested, must be encodable as UTF-8 (a lone surrogate such as
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -134,7 +136,8 @@ class SamplingFields(StrictModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
 
-    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_new_tokens: int | None) -> SamplingParams:
+        """None: up to the model's context (the engine knows the prompt's length)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=max_new_tokens,
@@ -232,6 +235,16 @@ class GenerateRequest(StrictModel):
             stop_on_eos=self.stop_on_eos,
             stop=list(self.stop or []),
         )
+
+
+def envelope(id_prefix: str, object_: str, model: str) -> dict[str, Any]:
+    """The fields every completion response and chunk starts with."""
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": object_,
+        "created": int(time.time()),
+        "model": model,
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -15,7 +15,8 @@ import queue
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from roseinfer.detokenizer import TextStream
+from roseinfer.detokenizer import RequestText
+from roseinfer.engine.sequence import Request
 from roseinfer.sampling import SamplingParams
 from roseinfer.tokenizer import GPT2Tokenizer
 
@@ -65,9 +66,9 @@ class RequestStream:
         self.params = params
         self.timings = timings
         self.end: StreamEnd | None = None  # set once the consumer has read the end
-        # Worker side.
-        self._text = TextStream(tokenizer, params.stop)
-        self._eos_token_id = eos_token_id
+        self.request: Request | None = None  # the validated request, once it is validated
+        # Worker side. The text owns the request's stop strings (and hides its EOS).
+        self._text = RequestText(tokenizer, params, eos_token_id)
         self._interval = max(1, stream_interval)
         self._pending: list[str] = []
         self._unflushed = 0
@@ -85,11 +86,16 @@ class RequestStream:
         self.timings.token_times.append(now)
         if self.timings.first_token is None:
             self.timings.first_token = now
-        if not self.params.is_eos_stop(token_id, self._eos_token_id) and (piece := self._text.push(token_id)):
+        if piece := self._text.push(token_id):
             self._pending.append(piece)
         self._unflushed += 1
         if self.num_tokens == 1 or self._unflushed >= self._interval:
             self._flush()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string has appeared: the request must end now."""
+        return self._text.stopped
 
     def on_finish(self, finish_reason: str, now: float) -> None:
         if tail := self._text.finish():

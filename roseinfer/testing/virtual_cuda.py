@@ -30,9 +30,12 @@ numerics of CUDA kernels (the CPU computes every value).
     with virtual_cuda():
         engine = InferenceEngine.from_pretrained("gpt2-tiny", device="cuda")
 
-`ROSEINFER_VIRTUAL_CUDA=1` turns it on for a whole process (and its child
-processes) when roseinfer is imported; every thread started afterwards runs
-under it too.
+For a whole process tree, `python -m roseinfer.testing.virtual_cuda COMMAND...`
+runs COMMAND with `process_env()`: the `site/` folder beside this file on
+PYTHONPATH (its sitecustomize turns the mode on at start-up) and
+ROSEINFER_VIRTUAL_CUDA=1, so every Python process the command starts runs under
+it too, and every thread started afterwards. The runtime never imports this
+module.
 """
 
 from __future__ import annotations
@@ -395,3 +398,30 @@ def _wrap_threads() -> None:
 
 def _unwrap_threads() -> None:
     threading.Thread._bootstrap_inner = _original_bootstrap
+
+
+SITE_DIR = Path(__file__).with_name("site")
+
+
+def process_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with virtual CUDA on for every Python process started with it."""
+    env = dict(os.environ if env is None else env)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), path] if path else [str(SITE_DIR)])
+    env["ROSEINFER_VIRTUAL_CUDA"] = "1"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command with virtual CUDA on in it and in every Python process it starts."""
+    import subprocess
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m roseinfer.testing.virtual_cuda COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    return subprocess.call(argv, env=process_env())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

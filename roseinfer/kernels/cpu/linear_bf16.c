@@ -27,7 +27,7 @@
  * above, zero-padded to whole panels; bias fp32 padded to whole panels (or
  * NULL); y [M][N] contiguous.
  *
- * Compiled by roseinfer.model.cpu_build with -march=native; on a CPU without
+ * Compiled by roseinfer.kernels.cpu.build with -march=native; on a CPU without
  * AVX512-BF16 the kernel is compiled out and `linear_bf16_supported` says so.
  */
 #include <stdint.h>

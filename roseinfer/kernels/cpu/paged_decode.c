@@ -33,7 +33,7 @@
  * block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32.
  * Elements are fp32 or bf16 (bf16 is widened to fp32; all arithmetic is fp32).
  *
- * Compiled at first use by roseinfer.model.cpu_attention with
+ * Compiled at first use by roseinfer.kernels.cpu.build with
  * cc -O3 -march=native -fopenmp-simd: the simd pragmas vectorize the loops
  * without an OpenMP runtime, which would compete with torch's own threads.
  */
@@ -54,6 +54,10 @@
 #define MAX_SPAN 4096      /* heads x head_dim in one call */
 #define MAX_SPAN_HEADS 64  /* heads in one call */
 #define MAX_BLOCK_SIZE 256 /* tokens in a cache block */
+/* Status bits a call returns (the pieces' statuses are OR-ed): 0 is success. */
+#define STATUS_LIMITS 1    /* a span, head count or block size over the limits above */
+#define STATUS_BAD_SLOT 2  /* a new token's slot at or past the cache's end: nothing written there */
+#define STATUS_BAD_TABLE 4 /* a context longer than its block-table row, or a block id outside the cache */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 1 /* blocks: one ahead measured as well as two on a shuffled cache */
 #endif
@@ -79,10 +83,18 @@ static inline void store(void *p, int64_t i, float x, int bf16) {
 
 /* exp(x) for x <= 0 (softmax arguments), vectorizable: 2^(x log2 e) split into
  * an integer power of two (set in the exponent bits) and 2^f, f in [-0.5, 0.5],
- * by a degree-6 polynomial; relative error about 2e-7, like expf's. Below -87
- * the result is 0, which is what the softmax wants. */
+ * by a degree-6 polynomial; relative error about 2e-7, like expf's. At or below -87
+ * the result is 0, which is what the softmax wants.
+ * The two selects are integer masks, not float ternaries: gcc vectorizes a float
+ * select only with AVX-512's mask registers, and left this loop scalar on AVX2. */
 static inline __attribute__((always_inline)) float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
+    const int32_t underflow = -(int32_t)(x <= -87.0f); /* all ones where the result is 0 */
+    int32_t x_bits, floor_bits;
+    const float floor = -87.0f;
+    memcpy(&x_bits, &x, sizeof x_bits);
+    memcpy(&floor_bits, &floor, sizeof floor_bits);
+    x_bits = (x_bits & ~underflow) | (floor_bits & underflow); /* keeps n in range below */
+    memcpy(&x, &x_bits, sizeof x);
     const float t = x * 1.44269504088896341f;
     /* Round to nearest by the 1.5 * 2^23 trick: branch-free and vectorizable. */
     const float n = (t + 12582912.0f) - 12582912.0f;
@@ -96,10 +108,108 @@ static inline __attribute__((always_inline)) float exp_neg(float x) {
     p = p * f + 1.0f;
     int32_t bits;
     memcpy(&bits, &p, sizeof bits);
-    bits += (int32_t)n << 23;
+    bits = (bits + ((int32_t)n << 23)) & ~underflow;
     float y;
     memcpy(&y, &bits, sizeof y);
-    return x <= -87.0f ? 0.0f : y;
+    return y;
+}
+
+/* Whether every block sequences [seq_begin, seq_end) read is in their block-table rows and in the
+ * cache, checked before any is read (the prefetch looks into the next sequences' rows too): a
+ * scheduler bug must fail loudly, not read another request's keys and values or memory past the
+ * cache. */
+static int tables_in_bounds(const int32_t *block_tables, const int32_t *context_lens, int64_t seq_begin,
+                            int64_t seq_end, int64_t max_blocks, int64_t block_size, int64_t num_blocks) {
+    for (int64_t s = seq_begin; s < seq_end; ++s) {
+        const int64_t blocks = ((int64_t)context_lens[s] + block_size - 1) / block_size;
+        if (context_lens[s] < 0 || blocks > max_blocks) return 0;
+        for (int64_t j = 0; j < blocks; ++j) {
+            const int32_t id = block_tables[s * max_blocks + j];
+            if (id < 0 || id >= num_blocks) return 0;
+        }
+    }
+    return 1;
+}
+
+/* The cache block `j` blocks into sequence `seq`'s context, running on into the next sequences'
+ * blocks past its last one (up to seq_end); -1 past the piece's last block.
+ * The blocks ahead are somewhere else in memory, and the prefetchers follow no block table: the
+ * kernel fetches the block PREFETCH_AHEAD blocks on while one is computed, one token's span of it
+ * for each token there (keys during the scores, values during the sums), into L2. */
+static inline int64_t block_ahead(const int32_t *block_tables, const int32_t *context_lens, int64_t seq,
+                                  int64_t seq_end, int64_t j, int64_t max_blocks, int64_t block_size) {
+    for (; seq < seq_end; ++seq) {
+        const int64_t blocks = (context_lens[seq] + block_size - 1) / block_size;
+        if (j < blocks) return block_tables[seq * max_blocks + j];
+        j -= blocks;
+    }
+    return -1;
+}
+
+/* One new token's key and value (`span` elements of `elem` bytes at `in_at`) into its cache slot. */
+static inline void write_new_kv(const void *new_k, const void *new_v, int64_t in_at, void *k_cache, void *v_cache,
+                                int64_t slot_at, int64_t span, int64_t elem) {
+    const size_t bytes = (size_t)span * elem;
+    memcpy((char *)k_cache + slot_at * elem, (const char *)new_k + in_at * elem, bytes);
+    memcpy((char *)v_cache + slot_at * elem, (const char *)new_v + in_at * elem, bytes);
+}
+
+#if BF16_DOT
+/* One cached token's scores q.k / sqrt(d) for every head of the span, from bf16 pairs on the bf16
+ * units (summed in fp32), into scores[0..heads), and each head's running block maximum. */
+static inline __attribute__((always_inline)) void bf16_scores(const uint16_t *qb, const uint16_t *kb, int64_t heads,
+                                                              int64_t head_dim, float scale, float *scores,
+                                                              float *block_max) {
+    for (int64_t h = 0; h < heads; ++h) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t d = h * head_dim; d < (h + 1) * head_dim; d += 32)
+            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qb + d), (__m512bh)_mm512_loadu_si512(kb + d));
+        const float dot = _mm512_reduce_add_ps(sum) * scale;
+        scores[h] = dot;
+        block_max[h] = dot > block_max[h] ? dot : block_max[h];
+    }
+}
+#endif
+
+/* One cached token's scores q.k / sqrt(d) for every head of the span (q already scaled, in qf),
+ * into scores[0..heads), and each head's running block maximum: first the products over the whole
+ * span (one long vectorized loop), then a sum a head. */
+static inline __attribute__((always_inline)) void fp32_scores(const float *qf, const void *k_cache, int64_t k,
+                                                              float *prod, int64_t heads, int64_t head_dim, int bf16,
+                                                              float *scores, float *block_max) {
+#pragma omp simd
+    for (int64_t i = 0; i < heads * head_dim; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
+    for (int64_t h = 0; h < heads; ++h) {
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < head_dim; ++d) dot += prod[h * head_dim + d];
+        scores[h] = dot;
+        block_max[h] = dot > block_max[h] ? dot : block_max[h];
+    }
+}
+
+/* acc += p * v for one cached token's values, each head with its own weight p (scores[h], already
+ * exponentiated), and the weights into each head's softmax denominator. */
+static inline __attribute__((always_inline)) void add_values(const float *scores, const void *v_cache, int64_t v,
+                                                             int64_t heads, int64_t head_dim, int bf16, float *denom,
+                                                             float *acc) {
+    for (int64_t h = 0; h < heads; ++h) {
+        const float p = scores[h];
+        denom[h] += p;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += p * load(v_cache, v + h * head_dim + d, bf16);
+    }
+}
+
+/* The output of each head: its weighted sum of values over its softmax denominator. */
+static inline __attribute__((always_inline)) void store_normalized(void *out, int64_t out_at, const float *acc,
+                                                                   const float *denom, int64_t heads,
+                                                                   int64_t head_dim, int bf16) {
+    for (int64_t h = 0; h < heads; ++h) {
+        const float inv = denom[h] > 0.0f ? 1.0f / denom[h] : 0.0f;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) store(out, out_at + h * head_dim + d, acc[h * head_dim + d] * inv, bf16);
+    }
 }
 
 /* `bf16` is a constant in each caller below, so the compiler builds one
@@ -111,9 +221,12 @@ static inline __attribute__((always_inline)) int paged_decode(
     int64_t head_end, int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
     float scale, int bf16) {
     const int64_t heads = head_end - head_begin, span = heads * head_dim;
-    if (heads <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE) return 1;
+    if (heads <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE) return STATUS_LIMITS;
     const int64_t token_stride = num_heads * head_dim, first_elem = head_begin * head_dim;
     const int64_t elem = bf16 ? 2 : 4;
+    if (!tables_in_bounds(block_tables, context_lens, seq_begin, seq_end, max_blocks, block_size,
+                          num_slots / block_size))
+        return STATUS_BAD_TABLE;
     float qf[MAX_SPAN], acc[MAX_SPAN], prod[MAX_SPAN];
     float scores[MAX_BLOCK_SIZE * MAX_SPAN_HEADS]; /* [token][head] of the current block */
     float running_max[MAX_SPAN_HEADS], denom[MAX_SPAN_HEADS], block_max[MAX_SPAN_HEADS];
@@ -121,13 +234,9 @@ static inline __attribute__((always_inline)) int paged_decode(
         const int64_t context = context_lens[seq];
         const int32_t *table = block_tables + seq * max_blocks;
         const int64_t in_at = seq * in_stride + first_elem, out_at = seq * token_stride + first_elem;
-        if (new_k != 0 && slots[seq] >= num_slots) return 2; /* never write outside the cache */
-        if (new_k != 0 && slots[seq] >= 0) { /* this token's K/V for these heads, into its slot */
-            const size_t bytes = (size_t)span * elem;
-            const int64_t slot_at = slots[seq] * token_stride + first_elem;
-            memcpy((char *)k_cache + slot_at * elem, (const char *)new_k + in_at * elem, bytes);
-            memcpy((char *)v_cache + slot_at * elem, (const char *)new_v + in_at * elem, bytes);
-        }
+        if (new_k != 0 && slots[seq] >= num_slots) return STATUS_BAD_SLOT; /* never write outside the cache */
+        if (new_k != 0 && slots[seq] >= 0) /* this token's K/V for these heads, into its slot */
+            write_new_kv(new_k, new_v, in_at, k_cache, v_cache, slots[seq] * token_stride + first_elem, span, elem);
 #pragma omp simd
         for (int64_t i = 0; i < span; ++i) qf[i] = load(q, in_at + i, bf16) * scale;
         memset(acc, 0, (size_t)span * sizeof *acc);
@@ -136,23 +245,10 @@ static inline __attribute__((always_inline)) int paged_decode(
             const int64_t n = context - start < block_size ? context - start : block_size;
             const int64_t block_at = (int64_t)table[start / block_size] * block_size * token_stride + first_elem;
             for (int64_t h = 0; h < heads; ++h) block_max[h] = -INFINITY;
-            /* The blocks ahead are somewhere else in memory, and the prefetchers follow no block
-             * table: fetch the block PREFETCH_AHEAD blocks on while this one is computed, one
-             * token's span of it for each token here (keys during the scores, values during the
-             * sums), into L2. Past a sequence's last block come the next sequence's. */
-            int64_t next_at = -1;
-            {
-                int64_t s = seq, j = start / block_size + PREFETCH_AHEAD;
-                while (s < seq_end) {
-                    const int64_t blocks = (context_lens[s] + block_size - 1) / block_size;
-                    if (j < blocks) {
-                        next_at = (int64_t)block_tables[s * max_blocks + j] * block_size * token_stride + first_elem;
-                        break;
-                    }
-                    j -= blocks;
-                    ++s;
-                }
-            }
+            /* The blocks ahead are elsewhere in memory, and no prefetcher follows a block table (block_ahead). */
+            const int64_t next_block = block_ahead(block_tables, context_lens, seq, seq_end,
+                                                   start / block_size + PREFETCH_AHEAD, max_blocks, block_size);
+            const int64_t next_at = next_block < 0 ? -1 : next_block * block_size * token_stride + first_elem;
             const char *next_k = next_at < 0 ? 0 : (const char *)k_cache + next_at * elem;
             const char *next_v = next_at < 0 ? 0 : (const char *)v_cache + next_at * elem;
             for (int64_t t = 0; t < n; ++t) { /* scores of every head for one token */
@@ -161,28 +257,12 @@ static inline __attribute__((always_inline)) int paged_decode(
                     for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_k + t * token_stride * elem + b, 0, 2);
 #if BF16_DOT
                 if (bf16 && head_dim % 32 == 0) { /* q.k of bf16 pairs on the bf16 units, summed in fp32 */
-                    const uint16_t *qb = (const uint16_t *)q + in_at, *kb = (const uint16_t *)k_cache + k;
-                    for (int64_t h = 0; h < heads; ++h) {
-                        __m512 sum = _mm512_setzero_ps();
-                        for (int64_t d = h * head_dim; d < (h + 1) * head_dim; d += 32)
-                            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qb + d),
-                                                   (__m512bh)_mm512_loadu_si512(kb + d));
-                        const float dot = _mm512_reduce_add_ps(sum) * scale;
-                        scores[t * heads + h] = dot;
-                        block_max[h] = dot > block_max[h] ? dot : block_max[h];
-                    }
+                    bf16_scores((const uint16_t *)q + in_at, (const uint16_t *)k_cache + k, heads, head_dim, scale,
+                                scores + t * heads, block_max);
                     continue;
                 }
 #endif
-#pragma omp simd
-                for (int64_t i = 0; i < span; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
-                for (int64_t h = 0; h < heads; ++h) {
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < head_dim; ++d) dot += prod[h * head_dim + d];
-                    scores[t * heads + h] = dot;
-                    block_max[h] = dot > block_max[h] ? dot : block_max[h];
-                }
+                fp32_scores(qf, k_cache, k, prod, heads, head_dim, bf16, scores + t * heads, block_max);
             }
             /* Online softmax: rescale what was summed under each head's old maximum. */
             for (int64_t h = 0; h < heads; ++h) {
@@ -205,21 +285,10 @@ static inline __attribute__((always_inline)) int paged_decode(
                 const int64_t v = block_at + t * token_stride;
                 if (next_v != 0)
                     for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
-                for (int64_t h = 0; h < heads; ++h) {
-                    const float p = scores[t * heads + h];
-                    denom[h] += p;
-#pragma omp simd
-                    for (int64_t d = 0; d < head_dim; ++d)
-                        acc[h * head_dim + d] += p * load(v_cache, v + h * head_dim + d, bf16);
-                }
+                add_values(scores + t * heads, v_cache, v, heads, head_dim, bf16, denom, acc);
             }
         }
-        for (int64_t h = 0; h < heads; ++h) {
-            const float inv = denom[h] > 0.0f ? 1.0f / denom[h] : 0.0f;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d)
-                store(out, out_at + h * head_dim + d, acc[h * head_dim + d] * inv, bf16);
-        }
+        store_normalized(out, out_at, acc, denom, heads, head_dim, bf16); /* acc / the softmax's denominator */
     }
     return 0;
 }
@@ -256,7 +325,7 @@ void paged_decode_split(const int32_t *context_lens, int64_t num_seqs, int64_t p
              const int32_t *context_lens, void *out, int64_t num_seqs, int64_t seq_parts,                \
              int64_t head_group, int64_t threads, int64_t num_heads, int64_t head_dim,                   \
              int64_t block_size, int64_t max_blocks, float scale) {                                      \
-        if (seq_parts > MAX_SEQ_PARTS || seq_parts < 1) return 1;                                         \
+        if (seq_parts > MAX_SEQ_PARTS || seq_parts < 1) return STATUS_LIMITS;                                      \
         int64_t bounds[MAX_SEQ_PARTS + 1];                                                                \
         paged_decode_split(context_lens, num_seqs, seq_parts, bounds);                                    \
         const int64_t head_parts = (num_heads + head_group - 1) / head_group;                            \

@@ -128,14 +128,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         block_tables,
         context_lens,
         scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        block_tables.stride(0),
+        *_strides(q, out, k_cache, block_tables),
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
@@ -146,29 +139,11 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 # -- prefill: a tile of queries per program --------------------------------------------------
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    block_tables_ptr,
-    query_start_loc_ptr,
-    context_lens_ptr,
-    scale,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_bt,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, context_lens_ptr, scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
     tile = tl.program_id(2)
@@ -227,6 +202,13 @@ def _paged_prefill_kernel(
         )
 
 
+def _strides(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor) -> tuple:
+    """The strides both attention kernels take, in their order: token/head of q and out, block/slot/head
+    of the cache (K and V share a layout), a block table's row."""
+    return (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0))  # fmt: skip
+
+
 def paged_prefill_attention(
     q,
     k_cache,
@@ -255,14 +237,7 @@ def paged_prefill_attention(
         query_start_loc,
         context_lens,
         scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        block_tables.stride(0),
+        *_strides(q, out, k_cache, block_tables),
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=k_cache.shape[1],

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from roseinfer.bench.results import REPO_ROOT, read_json
+from roseinfer.bench.results import read_json, repo_root
 from roseinfer.bench.stats import median, verdict
 
 
@@ -406,7 +406,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
 
 
 def render_readme(text: str, results: Path | None = None) -> str:
-    results = results or REPO_ROOT / "results"
+    results = results or repo_root() / "results"
     for name, render in RENDERERS.items():
         pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(<!-- /results:{name} -->)", re.S)
         text = pattern.sub(lambda m, r=render: m.group(1) + r(results) + "\n" + m.group(2), text)

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from roseinfer.bench.peers import ENGINES, PEERS_DIR, engine_env
+from roseinfer.bench.peers import ENGINES, PEERS_DIR
 from roseinfer.bench.serving import (
     LoadSetup,
     free_port,
@@ -35,6 +35,8 @@ from roseinfer.bench.serving import (
     start_server,
     stop_server,
 )
+
+from .peer_runs import engine_env
 
 SERVED_MODEL_NAME = "gpt2-random"  # what both servers answer to, so the client's body is the same for both
 BACKENDS = ("openai", "openai-chat")  # vLLM's client's names: /v1/completions, /v1/chat/completions

@@ -1,4 +1,5 @@
-"""Workloads, summaries and roofline floors for benchmarks/compare_engines.py.
+"""Workloads, summaries and roofline floors for benchmarks/compare_engines.py
+(how far an engine's tokens agree with the reference's: roseinfer.bench.same_answer).
 
 Three workloads, greedy with EOS ignored so every engine emits exactly the
 same number of tokens:
@@ -31,25 +32,6 @@ def build_workloads(num_requests: int, seed: int, max_new_tokens: int | None = N
         name: [{"prompt": r.prompt_token_ids, "max_new_tokens": min(r.max_new_tokens, cap)} for r in reqs]
         for name, reqs in sets.items()
     }
-
-
-def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
-    """Fraction of requests whose greedy tokens are identical to the reference engine's."""
-    return sum(a == b for a, b in zip(tokens, reference)) / len(reference)
-
-
-def matching_prefix(tokens: list[list[int]], reference: list[list[int]]) -> float:
-    """Mean share of each request's tokens that come before its first difference from the reference.
-
-    Greedy decoding amplifies rounding: once one argmax flips (bf16, int8, or
-    fp32 summed in another order) the rest of the request differs, so this
-    says how soon an engine drifts, where `agreement` only says whether.
-    """
-    shares = []
-    for a, b in zip(tokens, reference):
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        shares.append(same / len(b))
-    return sum(shares) / len(shares)
 
 
 def summarize_engine(runs: list[dict[str, Any]], requests: list[dict]) -> dict[str, Any]:

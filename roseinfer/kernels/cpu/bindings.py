@@ -1,0 +1,133 @@
+"""The ctypes bindings of the CPU kernels: one place that knows their C signatures and layouts.
+
+`paged_decode.c` (paged attention, used by roseinfer.attention.cpu) and
+`linear_bf16.c` (the bf16 projection, roseinfer.models.packed_linear, and the
+bf16 greedy argmax, roseinfer.sampling) are built at first use by `build.py`;
+each loader here returns None where its kernel cannot run, and the caller
+takes its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
+
+PAGED_DECODE_SOURCE = KERNELS_DIR / "paged_decode.c"
+BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
+PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+# The status bits paged_decode.c returns (STATUS_* there).
+STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
+# Output columns per panel of the bf16 kernel's weight layout (NB in linear_bf16.c).
+PANEL_COLUMNS = 32
+
+
+@functools.cache
+def load_paged_decode_kernel() -> ctypes.CDLL | None:
+    """The compiled attention kernel library, building it if needed; None (and one log line) if it cannot be."""
+    lib = load_kernel_library(PAGED_DECODE_SOURCE, "CPU decode attention", "the torch path")
+    if lib is None:
+        return None
+    for name in PAGED_DECODE_KERNELS.values():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = (
+            [ctypes.c_void_p] * 4  # q, new k, new v, slots
+            + [ctypes.c_int64] * 2  # their token stride, cache slots
+            + [ctypes.c_void_p] * 5  # k cache, v cache, block tables, context lens, out
+            + [ctypes.c_int64] * 8
+            + [ctypes.c_float]
+        )
+    for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size",
+                 "paged_decode_max_seq_parts"):
+        getattr(lib, name).restype = ctypes.c_int
+    lib.paged_decode_split.restype = None
+    lib.paged_decode_split.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def kernel_limits(lib: ctypes.CDLL) -> tuple[int, int, int, int]:
+    """(elements, heads) one call may span, the largest cache block it takes, and the most runs of sequences."""
+    return (lib.paged_decode_max_span(), lib.paged_decode_max_span_heads(), lib.paged_decode_max_block_size(),
+            lib.paged_decode_max_seq_parts())
+
+
+def split_by_work(lib: ctypes.CDLL, context_lens: list[int], parts: int) -> list[int]:
+    """The kernel's cut of a step's sequences into `parts` runs of about equal work (run p: bounds[p]:bounds[p+1])."""
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    bounds = torch.empty(parts + 1, dtype=torch.int64)
+    lib.paged_decode_split(lens.data_ptr(), len(context_lens), parts, bounds.data_ptr())
+    return bounds.tolist()
+
+
+def bad_block_table(tables: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int) -> tuple[int, str]:
+    """(row, why) of the first row of a step the kernel refused (STATUS_BAD_TABLE); run only after a refusal."""
+    for row, (table, context) in enumerate(zip(tables.tolist(), lens.tolist())):
+        blocks = -(-context // block_size)
+        if context < 0 or blocks > len(table):
+            return row, f"its context of {context} tokens needs {blocks} blocks, its block-table row holds {len(table)}"
+        outside = [b for b in table[:blocks] if not 0 <= b < num_blocks]
+        if outside:
+            return row, f"block id {outside[0]} in its block table is outside the KV cache's {num_blocks} blocks"
+    return -1, "no row found at fault"
+
+
+@functools.cache
+def load_bf16_linear_kernel() -> ctypes.CDLL | None:
+    """roseinfer's bf16 projection and argmax, or None where they cannot run (no AVX512-BF16, no compiler)."""
+    lib = load_kernel_library(BF16_KERNEL_SOURCE, "bf16 projection", "oneDNN's kernel")
+    if lib is None or not lib.linear_bf16_supported():
+        return None
+    assert lib.linear_bf16_panel_columns() == PANEL_COLUMNS, "linear_bf16.c and bindings.py disagree"
+    lib.argmax_bf16.restype = None
+    lib.argmax_bf16.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
+    lib.linear_bf16.restype = ctypes.c_int
+    lib.linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p] + [ctypes.c_int64] * 4
+    return lib
+
+
+def pack_panels(weight: torch.Tensor, columns: int = PANEL_COLUMNS) -> torch.Tensor:
+    """[N, K] -> [N/columns, K/2, columns, 2]: the order linear_bf16.c streams a panel of columns in."""
+    n, k = weight.shape
+    padded = weight.new_zeros(-(-n // columns) * columns, k)
+    padded[:n] = weight
+    return padded.view(-1, columns, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_panels(packed: torch.Tensor, n: int) -> torch.Tensor:
+    panels, pairs, columns, _ = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(panels * columns, pairs * 2)[:n].contiguous()
+
+
+def bf16_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, gelu: bool, n: int
+) -> torch.Tensor:
+    """x [M, K] through the packed panels of an [n, K] weight (bias fp32, padded to whole panels)."""
+    pairs = packed.shape[1]
+    if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16).contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    status = load_bf16_linear_kernel().linear_bf16(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None, int(gelu),
+        y.data_ptr(), x.shape[0], n, pairs * 2, torch.get_num_threads(),
+    )
+    if status:
+        raise ValueError(f"linear_bf16 failed (status {status}) on x {tuple(x.shape)}")
+    return y
+
+
+def argmax_bf16(logits: torch.Tensor) -> torch.Tensor | None:
+    """Each row's argmax of CPU bf16 logits [rows, vocab] by the kernel library, or None where it cannot."""
+    if logits.dtype != torch.bfloat16 or logits.device.type != "cpu" or logits.stride(-1) != 1:
+        return None
+    lib = load_bf16_linear_kernel()
+    if lib is None:
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    lib.argmax_bf16(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr(),
+                    torch.get_num_threads())
+    return out

@@ -1,0 +1,49 @@
+"""The HTTP API: OpenAI-compatible completions and chat, /generate, health, models, metrics.
+
+    app = create_app(manager, ServerSettings(served_model_name="gpt2"))
+
+The app holds the manager, the settings and the metrics on `app.state`; the
+routes (routes_*.py) reach them through FastAPI dependencies. Every error has
+OpenAI's shape (errors.py); streams are server-sent events (sse.py). A client
+that disconnects has its requests aborted and their KV blocks freed.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+from fastapi import Depends, FastAPI
+
+from roseinfer.server import routes_chat, routes_completions, routes_misc
+from roseinfer.server.dependencies import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, check_api_key
+from roseinfer.server.errors import BodySizeLimit, add_error_handlers
+from roseinfer.server.manager import Manager
+from roseinfer.server.metrics import ServerMetrics
+from roseinfer.tokenizer import ChatFormatter
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "ServerSettings", "create_app"]
+
+
+def create_app(
+    manager: Manager, settings: ServerSettings | None = None, metrics: ServerMetrics | None = None
+) -> FastAPI:
+    """The app serving `manager`; shutting the app down closes the manager."""
+    settings = settings or ServerSettings()
+    settings = replace(settings, chat=settings.chat or ChatFormatter())
+    metrics = metrics or ServerMetrics()
+    metrics.bind(manager.stats)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        manager.close()
+
+    app = FastAPI(title="roseinfer", version="0.1.0", lifespan=lifespan)
+    app.state.manager, app.state.settings, app.state.metrics = manager, settings, metrics
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    add_error_handlers(app)
+    app.include_router(routes_misc.open_router)
+    for keyed in (routes_misc.router, routes_completions.router, routes_chat.router):
+        app.include_router(keyed, dependencies=[Depends(check_api_key)])
+    return app
