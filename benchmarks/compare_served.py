@@ -114,44 +114,13 @@ def report(metrics: dict, client: str) -> None:
         print(f"  roseinfer-{dtype} / vllm-{dtype}: {ratio:.2f}x output tok/s")
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    vllm_missing = SERVED_ENGINES["vllm-fp32"].missing(args.peers_dir)
-    client = args.client
-    if client == "auto":
-        client = "roseinfer" if vllm_missing else "vllm"
-    if client == "vllm" and vllm_missing:
-        print(f"--client vllm: {vllm_missing}", file=sys.stderr)
-        return 2
-    engines, skipped = installed(SERVED_ENGINES, args.engines, args.peers_dir)
-    if args.model_dir:
-        model_dir, weights = args.model_dir.resolve(), f"the HF directory {args.model_dir.name}"
-    else:
-        model_dir = make_hf_weights(weights_cache(args), args.preset, args.seed, args.projection_scale)
-        weights = f"random {args.preset}, seed {args.seed}, projections x{args.projection_scale:g}, HF layout"
-    client_name = "vllm bench serve" if client == "vllm" else "roseinfer.bench.serving"
-    config = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("output_json",)
-    }
-    config |= cpu_info() | {
-        "client": client_name,
-        "weights": weights,
-        "request_rate": "inf",
-        "ignore_eos": True,
-        "served_model_name": SERVED_MODEL_NAME,
-        # The JSON of one request, as vLLM's client sends it (the prompt: 64 tokens of random text).
-        "request_body": vllm_body(args.backend, SERVED_MODEL_NAME, "<random text>", args.output_len),
-        "versions": {"roseinfer": __version__},
-    }
-    out = Path(args.output_json) if args.output_json else results_dir("cpu") / "compare_served.json"
+def run_rounds(args, engines, client, model_dir, log_dir, config, skipped, out) -> tuple[dict, dict]:
+    """Every server once per round, interleaved; the result file rewritten after each round.
+
+    Returns (runs by engine, failures by engine).
+    """
     runs: dict[str, list[dict]] = {}
     failed: dict[str, str] = {}
-    metrics = summarize(runs)
-    # The servers' and clients' logs are kept (a vLLM start that compiled when it could have loaded
-    # says why only there); an empty vLLM cache, if asked for, is not.
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="roseinfer-served-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    config["log_dir"] = str(log_dir)
     with tempfile.TemporaryDirectory(prefix="roseinfer-vllm-cache-") as tmp:
         for round_ in range(args.rounds):  # interleaved: every server once per round
             tag = f"round{round_ + 1}of{args.rounds}"
@@ -193,6 +162,46 @@ def main(argv=None) -> int:
             metrics = summarize(runs)
             config |= {"completed_rounds": round_ + 1, "skipped": skipped | failed}
             write_json(out, make_result("compare_served", client, config, metrics, "cpu"))
+    return runs, failed
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    vllm_missing = SERVED_ENGINES["vllm-fp32"].missing(args.peers_dir)
+    client = args.client
+    if client == "auto":
+        client = "roseinfer" if vllm_missing else "vllm"
+    if client == "vllm" and vllm_missing:
+        print(f"--client vllm: {vllm_missing}", file=sys.stderr)
+        return 2
+    engines, skipped = installed(SERVED_ENGINES, args.engines, args.peers_dir)
+    if args.model_dir:
+        model_dir, weights = args.model_dir.resolve(), f"the HF directory {args.model_dir.name}"
+    else:
+        model_dir = make_hf_weights(weights_cache(args), args.preset, args.seed, args.projection_scale)
+        weights = f"random {args.preset}, seed {args.seed}, projections x{args.projection_scale:g}, HF layout"
+    client_name = "vllm bench serve" if client == "vllm" else "roseinfer.bench.serving"
+    config = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("output_json",)
+    }
+    config |= cpu_info() | {
+        "client": client_name,
+        "weights": weights,
+        "request_rate": "inf",
+        "ignore_eos": True,
+        "served_model_name": SERVED_MODEL_NAME,
+        # The JSON of one request, as vLLM's client sends it (the prompt: 64 tokens of random text).
+        "request_body": vllm_body(args.backend, SERVED_MODEL_NAME, "<random text>", args.output_len),
+        "versions": {"roseinfer": __version__},
+    }
+    out = Path(args.output_json) if args.output_json else results_dir("cpu") / "compare_served.json"
+    # The servers' and clients' logs are kept (a vLLM start that compiled when it could have loaded
+    # says why only there); an empty vLLM cache, if asked for, is not.
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="roseinfer-served-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config["log_dir"] = str(log_dir)
+    runs, failed = run_rounds(args, engines, client, model_dir, log_dir, config, skipped, out)
+    metrics = summarize(runs)
     report(metrics, client_name)
     print(f"\nwrote {out}; the servers' and clients' logs are in {log_dir}")
     for name, why in (skipped | failed).items():

@@ -240,108 +240,151 @@ def _noise(before, after) -> str:
     )
 
 
+def _headline_nb01_kv_cache(m: dict) -> str:
+    return f"one step at {m['contexts'][-1]} tokens of context: {m['before_ms'][-1]:.1f} → {m['after_ms'][-1]:.1f} ms"
+
+
+def _headline_nb02_batching(m: dict) -> str:
+    return (
+        f"{m['batch_sizes'][-1]} requests: {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} "
+        "output tok/s"
+    )
+
+
+def _headline_nb03_continuous_batching(m: dict) -> str:
+    return (
+        f"queue wait p50 {_fmt(median(m['before_queue_wait_p50_ms']))} → "
+        f"{_fmt(median(m['after_queue_wait_p50_ms']))} ms; "
+        f"{m['wasted_fraction']:.0%} → {m['continuous_wasted_fraction']:.0%} wasted rows (measured); "
+        f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s"
+    )
+
+
+def _headline_nb04_scheduler_manager(m: dict) -> str:
+    return (
+        f"{m['concurrency'][-1]} streams: TTFT p50 {m['before_ttft_p50_ms'][-1]:.0f} → "
+        f"{m['after_ttft_p50_ms'][-1]:.0f} ms, {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} tok/s"
+    )
+
+
+def _headline_nb05_worker_wakeup_event(m: dict) -> str:
+    idle = m["idle"]
+    return (
+        f"TTFT p50 at light load {median(m['before_ttft_p50_ms']):.2f} → {median(m['after_ttft_p50_ms']):.2f} ms; "
+        f"idle wake-ups {idle['polling']['wakeups_per_s']:.0f} → {idle['current']['wakeups_per_s']:.0f} /s"
+    )
+
+
+def _headline_nb06_scheduler_accessors(m: dict) -> str:
+    return (
+        f"streaming {_fmt(median(m['before_tok_s']))} → {_fmt(median(m['after_tok_s']))} tok/s"
+        f"{_noise(m['before_tok_s'], m['after_tok_s'])}"
+    )
+
+
+def _headline_nb07_batched_worker_lookups(m: dict) -> str:
+    return (
+        f"batch {m['batch']}: {m['batch']} → 1 lock acquisitions per step; the worker's lookup "
+        f"{m['before_lookup_us']:.0f} → {m['after_lookup_us']:.0f} µs of a {m['after_tpot_ms']:.1f} ms step; "
+        f"TPOT p50 {m['before_tpot_ms']:.2f} → {m['after_tpot_ms']:.2f} ms"
+        f"{_noise(m['before_tpot_runs_ms'], m['after_tpot_runs_ms'])}"
+    )
+
+
+def _headline_nb08_paged_attention(m: dict) -> str:
+    big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
+    return (
+        f"one layer's decode attention at batch {big['batch']} × {big['context']}: "
+        f"{median(big['before_ms']):.1f} → {median(big['after_ms']):.1f} ms ({m['after']}; "
+        f"the gather copied {big['gather_mb']:.0f} MiB)"
+        + ("" if m["gpu_reference"] else "; the Triton kernel's GPU timing: not yet measured")
+    )
+
+
+def _headline_nb09_compiled_decode(m: dict) -> str:
+    rows = {(r["model"], r["variant"], r["batch"]): r["step_ms_runs"] for r in m["rows"]}
+    b = min(r[2] for r in rows)
+    eager, compiled = rows[("gpt2", "eager", b)], rows[("gpt2", "compiled", b)]
+    v = verdict("", eager, compiled, "ms", higher_is_better=False)
+    said = (
+        f"{v.ratio:.2f}x faster"
+        if v.better
+        else f"{1 / v.ratio:.2f}x slower"
+        if v.worse
+        else "no difference the rank test can show"
+    )
+    return (
+        f"gpt2 decode step at batch {b}: eager {median(eager):.2f} → compiled {median(compiled):.2f} ms "
+        f"({said}); compiling took {m['compile_s']['gpt2']:.1f} s"
+    )
+
+
+def _headline_nb09_cuda_graphs(m: dict) -> str:
+    if m["rows"]:
+        eager = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_eager"}
+        graph = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_graphs"}
+        b = max(set(eager) & set(graph))
+        return f"batch {b}: decode step {eager[b]:.3f} → {graph[b]:.3f} ms"
+    return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
+
+
+def _headline_nb10_prefix_cache(m: dict) -> str:
+    before, after = m["variants"]
+    head = f"{m['headline_load']:g}"
+    b, a = m["stream"][before][head]["ttft_p50_ms"], m["stream"][after][head]["ttft_p50_ms"]
+    return (
+        f"at {head}× the lone-prefill rate, 1 / a lone no-cache prefill ({m['headline_load'] * m['capacity_req_s']:.1f} req/s"
+        + (f", {m['headline_load'] * m['capacity_req_s'] / m['measured_capacity_req_s']:.2f} of its measured capacity"
+           if "measured_capacity_req_s" in m else "")
+        + "): TTFT p50 "
+        f"{median(b):.0f} → {median(a):.0f} ms{_noise(b, a)}; a request alone "
+        f"{median(m['alone_ttft_ms'][before]):.0f} → {median(m['alone_ttft_ms'][after]):.0f} ms"
+    )
+
+
+def _headline_nb11_final_server(m: dict) -> str:
+    c = str(m["concurrency"][-1])
+    tok_s = {n: median([r["output_throughput_tok_s"] for r in m["sweep"][n][c]]) for n in m["servers"]}
+    if "transformers serve" in tok_s:
+        return (
+            f"{c} in flight, fp32, EOS a stop for both: transformers serve {_fmt(tok_s['transformers serve'])} "
+            f"→ roseinfer {_fmt(tok_s['roseinfer'])} output tok/s"
+        )
+    return f"{c} in flight: {_fmt(tok_s['roseinfer'])} output tok/s"
+
+
+def _headline_nb12_bf16_cpu(m: dict) -> str:
+    best = m.get("engine_bf16", m["variants"][-1])  # the bf16 path the engine takes on that CPU
+    runs = {v: {int(b): median(r) for b, r in m["runs"][v].items()} for v in m["variants"]}
+    others = [v for v in m["variants"] if v not in ("fp32", best)]
+    steps = "; ".join(
+        f"batch {b}: fp32 {runs['fp32'][b]:.1f} → {best} {runs[best][b]:.1f} ms"
+        + "".join(f" ({v} {runs[v][b]:.1f})" for v in others)
+        for b in (min(runs["fp32"]), max(runs["fp32"]))
+    )
+    return f"gpt2 decode step, {steps}"
+
+
+HEADLINES = {  # the one before -> after figure each notebook is about
+    "nb01_kv_cache": _headline_nb01_kv_cache,
+    "nb02_batching": _headline_nb02_batching,
+    "nb03_continuous_batching": _headline_nb03_continuous_batching,
+    "nb04_scheduler_manager": _headline_nb04_scheduler_manager,
+    "nb05_worker_wakeup_event": _headline_nb05_worker_wakeup_event,
+    "nb06_scheduler_accessors": _headline_nb06_scheduler_accessors,
+    "nb07_batched_worker_lookups": _headline_nb07_batched_worker_lookups,
+    "nb08_paged_attention": _headline_nb08_paged_attention,
+    "nb09_compiled_decode": _headline_nb09_compiled_decode,
+    "nb09_cuda_graphs": _headline_nb09_cuda_graphs,
+    "nb10_prefix_cache": _headline_nb10_prefix_cache,
+    "nb11_final_server": _headline_nb11_final_server,
+    "nb12_bf16_cpu": _headline_nb12_bf16_cpu,
+}
+
+
 def _headline(name: str, m: dict) -> str:
-    """The one before -> after figure a notebook is about."""
-    if name == "nb01_kv_cache":
-        return f"one step at {m['contexts'][-1]} tokens of context: {m['before_ms'][-1]:.1f} → {m['after_ms'][-1]:.1f} ms"
-    if name == "nb02_batching":
-        return (
-            f"{m['batch_sizes'][-1]} requests: {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} "
-            "output tok/s"
-        )
-    if name == "nb03_continuous_batching":
-        return (
-            f"queue wait p50 {_fmt(median(m['before_queue_wait_p50_ms']))} → "
-            f"{_fmt(median(m['after_queue_wait_p50_ms']))} ms; "
-            f"{m['wasted_fraction']:.0%} → {m['continuous_wasted_fraction']:.0%} wasted rows (measured); "
-            f"{_fmt(median(m['before_runs_tok_s']))} → {_fmt(median(m['after_runs_tok_s']))} output tok/s"
-        )
-    if name == "nb04_scheduler_manager":
-        return (
-            f"{m['concurrency'][-1]} streams: TTFT p50 {m['before_ttft_p50_ms'][-1]:.0f} → "
-            f"{m['after_ttft_p50_ms'][-1]:.0f} ms, {_fmt(m['before_tok_s'][-1])} → {_fmt(m['after_tok_s'][-1])} tok/s"
-        )
-    if name == "nb05_worker_wakeup_event":
-        idle = m["idle"]
-        return (
-            f"TTFT p50 at light load {median(m['before_ttft_p50_ms']):.2f} → {median(m['after_ttft_p50_ms']):.2f} ms; "
-            f"idle wake-ups {idle['polling']['wakeups_per_s']:.0f} → {idle['current']['wakeups_per_s']:.0f} /s"
-        )
-    if name == "nb06_scheduler_accessors":
-        return (
-            f"streaming {_fmt(median(m['before_tok_s']))} → {_fmt(median(m['after_tok_s']))} tok/s"
-            f"{_noise(m['before_tok_s'], m['after_tok_s'])}"
-        )
-    if name == "nb07_batched_worker_lookups":
-        return (
-            f"batch {m['batch']}: {m['batch']} → 1 lock acquisitions per step; the worker's lookup "
-            f"{m['before_lookup_us']:.0f} → {m['after_lookup_us']:.0f} µs of a {m['after_tpot_ms']:.1f} ms step; "
-            f"TPOT p50 {m['before_tpot_ms']:.2f} → {m['after_tpot_ms']:.2f} ms"
-            f"{_noise(m['before_tpot_runs_ms'], m['after_tpot_runs_ms'])}"
-        )
-    if name == "nb08_paged_attention":
-        big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
-        return (
-            f"one layer's decode attention at batch {big['batch']} × {big['context']}: "
-            f"{median(big['before_ms']):.1f} → {median(big['after_ms']):.1f} ms ({m['after']}; "
-            f"the gather copied {big['gather_mb']:.0f} MiB)"
-            + ("" if m["gpu_reference"] else "; the Triton kernel's GPU timing: not yet measured")
-        )
-    if name == "nb09_compiled_decode":
-        rows = {(r["model"], r["variant"], r["batch"]): r["step_ms_runs"] for r in m["rows"]}
-        b = min(r[2] for r in rows)
-        eager, compiled = rows[("gpt2", "eager", b)], rows[("gpt2", "compiled", b)]
-        v = verdict("", eager, compiled, "ms", higher_is_better=False)
-        said = (
-            f"{v.ratio:.2f}x faster"
-            if v.better
-            else f"{1 / v.ratio:.2f}x slower"
-            if v.worse
-            else "no difference the rank test can show"
-        )
-        return (
-            f"gpt2 decode step at batch {b}: eager {median(eager):.2f} → compiled {median(compiled):.2f} ms "
-            f"({said}); compiling took {m['compile_s']['gpt2']:.1f} s"
-        )
-    if name == "nb09_cuda_graphs":
-        if m["rows"]:
-            eager = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_eager"}
-            graph = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_graphs"}
-            b = max(set(eager) & set(graph))
-            return f"batch {b}: decode step {eager[b]:.3f} → {graph[b]:.3f} ms"
-        return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
-    if name == "nb10_prefix_cache":
-        before, after = m["variants"]
-        head = f"{m['headline_load']:g}"
-        b, a = m["stream"][before][head]["ttft_p50_ms"], m["stream"][after][head]["ttft_p50_ms"]
-        return (
-            f"at {head}× the lone-prefill rate, 1 / a lone no-cache prefill ({m['headline_load'] * m['capacity_req_s']:.1f} req/s"
-            + (f", {m['headline_load'] * m['capacity_req_s'] / m['measured_capacity_req_s']:.2f} of its measured capacity"
-               if "measured_capacity_req_s" in m else "")
-            + "): TTFT p50 "
-            f"{median(b):.0f} → {median(a):.0f} ms{_noise(b, a)}; a request alone "
-            f"{median(m['alone_ttft_ms'][before]):.0f} → {median(m['alone_ttft_ms'][after]):.0f} ms"
-        )
-    if name == "nb11_final_server":
-        c = str(m["concurrency"][-1])
-        tok_s = {n: median([r["output_throughput_tok_s"] for r in m["sweep"][n][c]]) for n in m["servers"]}
-        if "transformers serve" in tok_s:
-            return (
-                f"{c} in flight, fp32, EOS a stop for both: transformers serve {_fmt(tok_s['transformers serve'])} "
-                f"→ roseinfer {_fmt(tok_s['roseinfer'])} output tok/s"
-            )
-        return f"{c} in flight: {_fmt(tok_s['roseinfer'])} output tok/s"
-    if name == "nb12_bf16_cpu":
-        best = m.get("engine_bf16", m["variants"][-1])  # the bf16 path the engine takes on that CPU
-        runs = {v: {int(b): median(r) for b, r in m["runs"][v].items()} for v in m["variants"]}
-        others = [v for v in m["variants"] if v not in ("fp32", best)]
-        steps = "; ".join(
-            f"batch {b}: fp32 {runs['fp32'][b]:.1f} → {best} {runs[best][b]:.1f} ms"
-            + "".join(f" ({v} {runs[v][b]:.1f})" for v in others)
-            for b in (min(runs["fp32"]), max(runs["fp32"]))
-        )
-        return f"gpt2 decode step, {steps}"
-    return ""
+    """The one before -> after figure a notebook is about ("" for a notebook without one)."""
+    return HEADLINES[name](m) if name in HEADLINES else ""
 
 
 NOTEBOOKS = [

@@ -291,6 +291,20 @@ def _run_vllm_client(command: list[str], result: Path, log: Path) -> dict[str, A
     return summary_from_vllm_bench(json.loads(result.read_text()))
 
 
+def _probe(setup: LoadSetup, seed: int) -> dict[str, Any]:
+    """One request with vLLM's body and a prompt the load does not use (no prefix-cache hit for the
+    load): its response shows the first chunk, and it warms the server up for both clients."""
+    probe_metrics = run_load_sync(replace(setup, num_prompts=1, seed=seed + 1))
+    if probe_metrics["failed"]:
+        raise RuntimeError(f"the probe request failed: {probe_metrics['errors']}")
+    return {
+        "first_chunk_has_token": bool(probe_metrics["first_chunk_has_token"][0]),
+        "empty_chunks": probe_metrics["empty_chunks"][0],
+        "chunks": probe_metrics["chunks"][0],
+        "output_tokens": probe_metrics["completion_tokens"][0],
+    }
+
+
 def measure(
     engine: ServedEngine,
     model_dir: Path,
@@ -334,17 +348,7 @@ def measure(
             seed=seed,
             vllm_backend=backend,
         )
-        # The probe is one request with vLLM's body and a prompt the load does not use (no prefix-cache
-        # hit for the load): its response shows the first chunk, and it warms the server up for both.
-        probe_metrics = run_load_sync(replace(setup, num_prompts=1, seed=seed + 1))
-        if probe_metrics["failed"]:
-            raise RuntimeError(f"the probe request failed: {probe_metrics['errors']}")
-        probe = {
-            "first_chunk_has_token": bool(probe_metrics["first_chunk_has_token"][0]),
-            "empty_chunks": probe_metrics["empty_chunks"][0],
-            "chunks": probe_metrics["chunks"][0],
-            "output_tokens": probe_metrics["completion_tokens"][0],
-        }
+        probe = _probe(setup, seed)
         if client == "vllm":
             result = work_dir / f"{engine.name}-{tag}.bench.json"
             command = vllm_bench_command(
