@@ -125,6 +125,33 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
 
 
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The scheduler's limits (OnlineScheduler); EngineConfig takes its defaults from here, under the same names."""
+
+    max_batch_size: int = 64  # running requests per step
+    max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
+    # A burst of new prompts all prefilling in one step stalls every running decode for
+    # that step; capping admissions spreads the burst over several steps (None: max_batch_size).
+    prefill_max_batch_size: int | None = None
+    enable_prefix_cache: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> SchedulerLimits:
+        """The limits named in `config` (an EngineConfig), with every non-None override applied."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise TypeError(f"unknown scheduler option(s): {', '.join(unknown)}")
+        values = {n: getattr(config, n) for n in names}
+        values.update({n: v for n, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def max_prefills_per_step(self) -> int:
+        return self.prefill_max_batch_size or self.max_batch_size
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs a model. Every field can be passed to `from_pretrained`."""
@@ -135,10 +162,11 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # None: 1 GiB on CPU, 40% of free memory on CUDA
-    max_batch_size: int = 64  # running requests per step
-    max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
-    prefill_max_batch_size: int | None = None  # new prompts admitted per step (None: up to max_batch_size)
-    enable_prefix_cache: bool = True
+    # The scheduler's limits (SchedulerLimits says what each one means).
+    max_batch_size: int = SchedulerLimits.max_batch_size
+    max_num_batched_tokens: int = SchedulerLimits.max_num_batched_tokens
+    prefill_max_batch_size: int | None = SchedulerLimits.prefill_max_batch_size
+    enable_prefix_cache: bool = SchedulerLimits.enable_prefix_cache
     attention_backend: str | None = None  # None: "triton" on CUDA, "torch" elsewhere
     cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
     compile_decode: bool = False  # CPU: decode steps through torch.compile (compiled at first use; see 09)

@@ -25,13 +25,12 @@ The request state is private; callers use the public methods.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
+from roseinfer.config import SchedulerLimits
 from roseinfer.engine.batch import BatchEntry, ScheduledBatch
 from roseinfer.engine.block_manager import BlockManager, blocks_for, chain_hash
 from roseinfer.engine.sequence import (
@@ -42,33 +41,6 @@ from roseinfer.engine.sequence import (
     Sequence,
 )
 from roseinfer.errors import InvalidRequestError
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """The scheduler's limits; `EngineConfig` holds the defaults under the same names."""
-
-    max_batch_size: int = 64  # running requests per step
-    max_num_batched_tokens: int = 2048  # tokens computed per step (decodes + prefill chunks)
-    # A burst of new prompts all prefilling in one step stalls every running decode for
-    # that step; capping admissions spreads the burst over several steps (None: max_batch_size).
-    prefill_max_batch_size: int | None = None
-    enable_prefix_cache: bool = True
-
-    @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> SchedulerLimits:
-        """The limits named in `config` (an EngineConfig), with every non-None override applied."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(overrides) - set(names))
-        if unknown:
-            raise TypeError(f"unknown scheduler option(s): {', '.join(unknown)}")
-        values = {n: getattr(config, n) for n in names}
-        values.update({n: v for n, v in overrides.items() if v is not None})
-        return cls(**values)
-
-    @property
-    def max_prefills_per_step(self) -> int:
-        return self.prefill_max_batch_size or self.max_batch_size
 
 
 class OnlineScheduler:
