@@ -6,11 +6,17 @@
         print(piece, end="")
 
 The engine owns the model, the KV cache pool (tensor and block bookkeeping)
-and the tokenizer. Generation always goes through an `OnlineScheduler` over
-the paged KV cache, the same code path the server uses: `generate` is "add all
-prompts, step until done". Several schedulers may share one engine (they
-allocate disjoint blocks and share cached prefixes), but one thread at a time
-steps them: in the server that is the manager's worker.
+and the tokenizer, and runs the loop every caller shares:
+
+    request = engine.validate(prompt, params)     # tokenize and check, once
+    rid = scheduler.add_request(request)           # a policy over the block pool
+    engine.step(scheduler)                         # schedule -> run the model -> update
+
+`generate` is "add all prompts, step until done", with each request's text
+(its `RequestText`, the owner of its stop strings) fed as tokens arrive; the
+server's manager runs the same step on its worker thread. Several schedulers
+may share one engine (they allocate disjoint blocks and share cached
+prefixes), but one thread at a time steps them.
 """
 
 from __future__ import annotations
