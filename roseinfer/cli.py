@@ -96,6 +96,12 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     g.add_argument(
         "--nvtx", action="store_true", help="NVTX ranges around each step's phases (CUDA; off on CPU)"
     )
+    g.add_argument(
+        "--cpu-linear",
+        choices=("auto", "onednn", "roseinfer", "torch"),
+        default=None,
+        help="CPU: the projections' kernel (default: auto, or ROSEINFER_CPU_LINEAR; see EngineConfig.cpu_linear)",
+    )
 
 
 def scheduler_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,7 +140,7 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     }
     if hasattr(args, "no_prefix_cache"):
         options["enable_prefix_cache"] = not args.no_prefix_cache
-    for name in ("attention_backend", "cuda_graph", "compile_decode", "nvtx"):
+    for name in ("attention_backend", "cuda_graph", "compile_decode", "nvtx", "cpu_linear"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     if getattr(args, "paged_attn", False):

@@ -45,6 +45,8 @@ def test_engine_and_model_flags(hf_tiny_dir, tmp_path):
         "3",
         "--served-model-name",
         "mine",
+        "--cpu-linear",
+        "onednn",
     )
     manager, settings = app.state.manager, app.state.settings
     engine = manager.engine
@@ -57,6 +59,7 @@ def test_engine_and_model_flags(hf_tiny_dir, tmp_path):
         assert limits.enable_prefix_cache is False
         assert manager.stream_interval == 4 and manager.max_inflight_requests == 3
         assert settings.served_model_name == "mine"
+        assert engine.config.cpu_linear == "onednn"
     finally:
         manager.close()
     with pytest.raises(RuntimeError):
