@@ -316,7 +316,7 @@ class SchedulerManager:
                 step_tokens = self.engine.step(self._scheduler)
                 finished = self._scheduler.pop_finished_ids()
                 self._publish_stats()
-                self._deliver(self._collect_step_records(step_tokens, finished), finished)
+                self._deliver(self._collect_step_records(step_tokens, finished))
         except BaseException as exc:
             self._fail(exc)
 
@@ -362,7 +362,7 @@ class SchedulerManager:
                     records.append(StepRecord(stream, step_tokens.get(rid), rid in done))
         return records
 
-    def _deliver(self, records: list[StepRecord], finished: list[int]) -> None:
+    def _deliver(self, records: list[StepRecord]) -> None:
         """Detokenize and hand over, outside the lock.
 
         A failure that belongs to one request (its stop strings, its text)
