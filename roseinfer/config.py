@@ -167,7 +167,7 @@ class EngineConfig:
     max_num_batched_tokens: int = SchedulerLimits.max_num_batched_tokens
     prefill_max_batch_size: int | None = SchedulerLimits.prefill_max_batch_size
     enable_prefix_cache: bool = SchedulerLimits.enable_prefix_cache
-    attention_backend: str | None = None  # None: "triton" on CUDA, "torch" elsewhere
+    attention_backend: str | None = None  # None: attention.registry.default_attention_backend
     cuda_graph: bool | None = None  # None: on for CUDA with the triton backend
     compile_decode: bool = False  # CPU: decode steps through torch.compile (compiled at first use; see 09)
     nvtx: bool = False  # NVTX ranges around each step's phases, for Nsight (CUDA only)

@@ -229,3 +229,16 @@ def test_the_fused_kernel_reads_q_k_v_in_place_and_never_writes_outside_the_cach
     with pytest.raises(IndexError, match="outside the KV cache"):
         CpuPagedAttention().forward(q, k, v, k_cache, v_cache, meta, 0.25)
     assert torch.equal(k_cache, before)
+
+
+def test_the_default_backend_can_be_overridden_for_a_process(monkeypatch):
+    from roseinfer.attention.registry import default_attention_backend
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("ROSEINFER_ATTENTION_BACKEND", raising=False)
+    assert (default_attention_backend(cpu), default_attention_backend(cuda)) == ("cpu", "triton")
+    monkeypatch.setenv("ROSEINFER_ATTENTION_BACKEND", "torch")
+    assert (default_attention_backend(cpu), default_attention_backend(cuda)) == ("torch", "torch")
+    monkeypatch.setenv("ROSEINFER_ATTENTION_BACKEND", "flash")
+    with pytest.raises(ValueError, match="ROSEINFER_ATTENTION_BACKEND='flash'"):
+        default_attention_backend(cpu)

@@ -72,7 +72,7 @@ def test_roofline_costs_and_floor():
     peaks = {"matmul_flops": 1e15, "mem_bytes_s": 3e12}
     floor = continuous_batching_floor(cfg, [256] * 8, [4] * 8, max_batch=8, elem_bytes=2, peaks=peaks)
     assert floor["decode_steps"] == 3 and floor["floor_s"] > 0
-    measured = measure_peaks("cpu")
+    measured = measure_peaks("cpu", small=True)
     assert measured["matmul_flops"] > 1e8 and measured["mem_bytes_s"] > 1e8
 
 
@@ -225,6 +225,7 @@ def test_compare_hf_smoke(tmp_path):
         "hf_generate",
         "--output-json",
         str(out),
+        "--quick-roofline",
     )
     block = json.loads(out.read_text())["metrics"]["mixed"]
     assert block["hf_generate"]["same_greedy_tokens"] == 4, text
@@ -262,6 +263,7 @@ def test_compare_engines_smoke(tmp_path):
         str(tmp_path / "no-peers"),
         "--output-json",
         str(out),
+        "--quick-roofline",
     )
     assert "skipping ct2-int8:" in text and "make peer-ct2" in text
     result = json.loads(out.read_text())

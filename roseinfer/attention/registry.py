@@ -6,6 +6,8 @@ nothing at import, but Triton's import is slow and optional.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from roseinfer.attention.base import AttentionBackend
@@ -14,7 +16,17 @@ ATTENTION_BACKENDS = ("torch", "cpu", "triton")
 
 
 def default_attention_backend(device: torch.device) -> str:
-    """Triton on CUDA; on a CPU, the fused decode kernel over the torch reference."""
+    """Triton on CUDA; on a CPU, the fused decode kernel over the torch reference.
+
+    ROSEINFER_ATTENTION_BACKEND names another default for every engine in the process and the servers
+    it starts (an engine's own `attention_backend` still wins): "torch" to rule a kernel out while
+    debugging, and in the virtual-CUDA notebook test, where Triton's interpreter would be most of the time.
+    """
+    override = os.environ.get("ROSEINFER_ATTENTION_BACKEND")
+    if override:
+        if override not in ATTENTION_BACKENDS:
+            raise ValueError(f"ROSEINFER_ATTENTION_BACKEND={override!r}; available: {ATTENTION_BACKENDS}")
+        return override
     return "triton" if device.type == "cuda" else "cpu"
 
 

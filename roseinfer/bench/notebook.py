@@ -1,8 +1,9 @@
 """Small helpers that keep the notebooks about their subject.
 
 - `show_source` prints the code of a before and an after side by side (one after the other);
-- `sizes` picks the CPU or the GPU parameters of a notebook (or the GPU ones at
-  CI sizes: `ROSEINFER_NOTEBOOK_SIZES=tiny`, which CI runs under virtual CUDA);
+- `sizes` picks the CPU or the GPU parameters of a notebook, shrunk to CI sizes
+  under `ROSEINFER_NOTEBOOK_SIZES=tiny` (nbval runs the CPU branch so, and the
+  virtual-CUDA test the GPU branch);
 - `verdict` (from `bench.stats`) compares two lists of repeated runs: a rank
   test with a stated error rate for whether they differ, a bootstrap interval
   for by how much; its `better`/`worse` are what a notebook asserts;
@@ -41,20 +42,22 @@ def device() -> str:
 
 
 def tiny() -> bool:
-    """Whether the notebooks run their GPU branch at CI sizes (ROSEINFER_NOTEBOOK_SIZES=tiny)."""
+    """Whether the notebooks run at CI sizes (ROSEINFER_NOTEBOOK_SIZES=tiny), where timings mean nothing."""
     return os.environ.get("ROSEINFER_NOTEBOOK_SIZES") == "tiny"
 
 
-def sizes(cpu: dict[str, Any], gpu: dict[str, Any], tiny_gpu: dict[str, Any] | None = None) -> dict[str, Any]:
+def sizes(cpu: dict[str, Any], gpu: dict[str, Any], ci: dict[str, Any] | None = None) -> dict[str, Any]:
     """The notebook's parameters: small on a CPU, full size where CUDA is present.
 
-    Under ROSEINFER_NOTEBOOK_SIZES=tiny, the GPU parameters with `tiny_gpu`'s
-    overrides: the GPU code path at a size CI can afford (tests run every
-    notebook so, on virtual CUDA). Numbers measured so mean nothing.
+    Under ROSEINFER_NOTEBOOK_SIZES=tiny, the device's parameters with `ci`'s
+    overrides: the same code path at a size CI can afford (`make test` runs
+    every notebook so, on the CPU under nbval and on virtual CUDA). Numbers
+    measured so mean nothing, and the notebooks assert no direction on them.
     """
+    chosen = gpu if device() == "cuda" else cpu
     if tiny():
-        return dict(gpu, **(tiny_gpu or {}), device=device())
-    return dict(gpu if device() == "cuda" else cpu, device=device())
+        chosen = dict(chosen, **(ci or {}))
+    return dict(chosen, device=device())
 
 
 def reference(name: str) -> tuple[str, dict[str, Any]] | None:

@@ -57,7 +57,8 @@ class InferenceEngine:
         self.weights = weights
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        backend = config.attention_backend or default_attention_backend(self.device)
+        graphs_asked = config.cuda_graph and self.device.type == "cuda"  # then only Triton can be captured
+        backend = config.attention_backend or ("triton" if graphs_asked else default_attention_backend(self.device))
         _check_backend_runs_here(backend, self.device)
         use_graphs = _resolve_cuda_graph(config.cuda_graph, self.device, backend)
         model = model_family(weights.config.family)(weights.config, make_attention_backend(backend))
