@@ -5,7 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from roseinfer.config import EngineConfig
-from roseinfer.kernels.cpu.bindings import argmax_bf16, load_bf16_linear_kernel, pack_panels, unpack_panels
+from roseinfer.kernels.cpu.bindings import (
+    argmax_bf16,
+    f32_linear,
+    load_bf16_linear_kernel,
+    load_f32_linear_kernel,
+    pack_f32_panels,
+    pack_panels,
+    unpack_f32_panels,
+    unpack_panels,
+)
 from roseinfer.models import packed_linear
 from roseinfer.models.packed_linear import PackedLinear
 
@@ -145,17 +154,28 @@ def test_bf16_projections_go_to_onednn_on_an_amx_cpu(monkeypatch):
     assert not packed_linear.bf16_kernel_wanted(torch.float32)  # fp32 is oneDNN's whatever the CPU
 
 
-def test_the_fp32_row_threshold_is_where_f_linear_stops_winning():
-    # (F.linear seconds, packed seconds) by rows: F.linear wins at 1 and 2, loses at 4
-    timings = {1: (30e-6, 80e-6), 2: (40e-6, 85e-6), 4: (90e-6, 88e-6), 8: (10e-6, 99e-6)}
-    assert packed_linear.small_rows_threshold(timings.__getitem__) == 2  # one threshold: stops at the first loss
-    assert packed_linear.small_rows_threshold(lambda rows: (2.0, 1.0)) == 0  # oneDNN wins everywhere
-    assert packed_linear.small_rows_threshold(lambda rows: (1.0, 2.0)) == packed_linear.SMALL_ROWS_PROBE[-1]
+def seconds(torch_s, onednn_s, roseinfer_s=None):
+    return {"torch": torch_s, "onednn": onednn_s} | ({} if roseinfer_s is None else {"roseinfer": roseinfer_s})
+
+
+def test_the_fp32_row_threshold_is_where_the_small_path_stops_winning():
+    choice = packed_linear.small_rows_choice
+    # F.linear wins at 1 and 2, loses at 4 (no roseinfer kernel built)
+    timings = {1: seconds(30e-6, 80e-6), 2: seconds(40e-6, 85e-6), 4: seconds(90e-6, 88e-6), 8: seconds(10e-6, 99e-6)}
+    assert choice(timings.__getitem__) == ("torch", 2)  # one threshold: stops at the first loss
+    assert choice(lambda rows: seconds(2.0, 1.0)) == ("torch", 0)  # oneDNN wins everywhere
+    assert choice(lambda rows: seconds(1.0, 2.0)) == ("torch", packed_linear.SMALL_ROWS_PROBE[-1])
+    # roseinfer's kernel takes the small rows where it beats F.linear at one row, and is held to oneDNN itself
+    assert choice(lambda rows: seconds(3.0, 2.0, 1.0)) == ("roseinfer", packed_linear.SMALL_ROWS_PROBE[-1])
+    by_rows = {1: seconds(3.0, 2.0, 1.0), 2: seconds(3.0, 2.0, 1.5), 4: seconds(3.0, 2.0, 2.5)}
+    assert choice(by_rows.__getitem__) == ("roseinfer", 2)
+    assert choice(lambda rows: seconds(1.0, 2.0, 1.5)) == ("torch", packed_linear.SMALL_ROWS_PROBE[-1])
 
 
 def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):
+    real_timer = packed_linear._time_fp32_linears
     calls = []
-    monkeypatch.setattr(packed_linear, "_time_fp32_linears", lambda rows: calls.append(rows) or (1.0, 2.0))
+    monkeypatch.setattr(packed_linear, "_time_fp32_linears", lambda rows: calls.append(rows) or seconds(1.0, 2.0))
     packed_linear.fp32_small_rows.cache_clear()
     try:
         weight = torch.randn(16, 8)
@@ -164,12 +184,63 @@ def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):
         assert PackedLinear(weight, None, cpu_linear="onednn").small_rows == 0  # a named kernel is not second-guessed
     finally:
         packed_linear.fp32_small_rows.cache_clear()
-    a, b = packed_linear._time_fp32_linears(1)  # the real timer runs and gives two durations
-    assert a > 0 and b > 0
+    measured = real_timer(1)  # the real timer runs and gives a duration per kernel
+    assert set(measured) == {"torch", "onednn"} | ({"roseinfer"} if load_f32_linear_kernel() else set())
+    assert all(t > 0 for t in measured.values())
+
+
+needs_f32_kernel = pytest.mark.skipif(load_f32_linear_kernel() is None, reason="no C compiler: no fp32 kernel")
+
+
+@needs_f32_kernel
+@pytest.mark.parametrize("activation", ["none", "gelu_tanh"])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7])
+@pytest.mark.parametrize("n, k", [(96, 64), (50, 33), (1, 5), (200, 768)])
+def test_the_fp32_kernel_matches_f_linear(n, k, rows, activation, monkeypatch):
+    """Every panel width's tail (n not a multiple of it), odd K, rows past one pass, 1 and 2 threads."""
+    columns = load_f32_linear_kernel().linear_f32_panel_columns()
+    assert columns in (8, 16, 32)  # two vectors: SSE/NEON, AVX2, AVX-512
+    gen = torch.Generator().manual_seed(n * k + rows)
+    weight, bias = torch.randn(n, k, generator=gen) * 0.1, torch.randn(n, generator=gen)
+    panels = pack_f32_panels(weight, columns)
+    assert torch.equal(unpack_f32_panels(panels, n), weight)
+    padded_bias = torch.zeros(panels.shape[0] * columns)
+    padded_bias[:n] = bias
+    x = torch.randn(rows + 2, k, generator=gen)[1:-1]  # a row stride the kernel must follow
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        for b in (bias, None):
+            got = f32_linear(x, panels, padded_bias if b is not None else None, activation == "gelu_tanh", n)
+            assert torch.allclose(got.double(), reference(x, weight, b, activation), atol=2e-5, rtol=1e-5)
+
+
+@needs_f32_kernel
+def test_the_fp32_kernel_refuses_what_does_not_fit_its_panels():
+    columns = load_f32_linear_kernel().linear_f32_panel_columns()
+    panels = pack_f32_panels(torch.randn(40, 16), columns)
+    with pytest.raises(ValueError, match="does not fit"):
+        f32_linear(torch.randn(2, 17), panels, None, False, 40)  # K differs: the kernel would read past a panel
+    with pytest.raises(ValueError, match="does not fit"):
+        f32_linear(torch.randn(2, 16), panels, None, False, panels.shape[0] * columns + 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        f32_linear(torch.randn(2, 16), panels, torch.zeros(40), False, 40)  # a bias not padded to whole panels
+
+
+@needs_f32_kernel
+def test_fp32_rows_up_to_the_threshold_take_roseinfers_kernel(monkeypatch):
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("roseinfer", 4))
+    torch.manual_seed(3)
+    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
+    layer = PackedLinear(weight, bias, "gelu_tanh")
+    assert layer.kernel == "onednn" and layer._dense is None and layer._panels is not None
+    for rows in (1, 4, 9):  # the kernel up to 4 rows, oneDNN's above: both within fp32 rounding of F.linear
+        x = torch.randn(rows, 64)
+        assert torch.allclose(layer(x), F.gelu(F.linear(x, weight, bias), approximate="tanh"), atol=1e-5)
+    assert torch.equal(layer.state_dict()["weight"], weight)  # checkpoints see the dense matrix
 
 
 def test_fp32_rows_up_to_the_threshold_take_f_linear_on_the_same_weight(monkeypatch):
-    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: 4)
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("torch", 4))
     torch.manual_seed(3)
     weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
     layer = PackedLinear(weight, bias, "gelu_tanh")
@@ -188,7 +259,7 @@ def test_the_lm_head_keeps_no_second_dense_copy(monkeypatch):
     from roseinfer.config import ModelConfig
     from roseinfer.models.gpt2 import GPT2
 
-    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: 4)
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("torch", 4))
     model = GPT2(ModelConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)).eval()
     model.pack_for_cpu()
     head = model.__dict__["_packed_lm_head"]

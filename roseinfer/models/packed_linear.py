@@ -21,11 +21,17 @@ measured (notebook 12 measures both, and how much of the gap is the tiles'),
 so oneDNN keeps the projections.
 
 In fp32, oneDNN's packed kernel pays a fixed cost a call (about 54 us on a
-2-core AVX2 EPYC) that a plain `F.linear` does not: there a batch-1 step was
-slower packed, a batch-8 step much faster. So the first fp32 projection
-packed in a process times both on one representative shape at a few row
-counts (`fp32_small_rows`, as the bf16 choice is made from the CPU) and the
-row counts where `F.linear` won go to it, on the dense weight it keeps.
+2-core AVX2 EPYC) that a plain `F.linear` does not, and at one row it reads
+the weight under the memory's rate: there a batch-1 step was slower packed, a
+batch-8 step much faster. A projection of a few rows is a matrix-vector
+product, and roseinfer's fp32 kernel (`kernels/cpu/linear_f32.c`) is made for
+it: one sequential stream of the weight a thread, in the widest vectors the
+CPU has. So the first fp32 projection packed in a process times the three
+on one representative shape at a few row counts (`fp32_small_rows`, as the
+bf16 choice is made from the CPU): the faster of roseinfer's kernel and
+`F.linear` at one row takes the small row counts, up to the first count where
+oneDNN's kernel beats it; that projection keeps the small path's weight
+(panels, or the dense matrix) beside oneDNN's.
 
 The choice is `EngineConfig.cpu_linear` ("auto", "onednn", "roseinfer",
 "torch"), passed to each `PackedLinear`; ROSEINFER_CPU_LINEAR overrides the
@@ -52,7 +58,10 @@ from roseinfer.config import amx_bf16_cpu
 from roseinfer.kernels.cpu.bindings import (
     PANEL_COLUMNS,
     bf16_linear,
+    f32_linear,
     load_bf16_linear_kernel,
+    load_f32_linear_kernel,
+    pack_f32_panels,
     pack_panels,
     unpack_panels,
 )
@@ -92,45 +101,57 @@ def choose_kernel(dtype: torch.dtype, in_features: int, cpu_linear: str) -> str:
     return "roseinfer" if bf16_kernel_wanted(dtype, cpu_linear) and in_features % 2 == 0 else "onednn"
 
 
-def small_rows_threshold(timer: Callable[[int], tuple[float, float]]) -> int:
-    """The largest probed row count up to which F.linear was faster at every count (0: at none).
+def small_rows_choice(timer: Callable[[int], dict[str, float]]) -> tuple[str, int]:
+    """(kernel, rows): the small row counts' kernel, and the largest probed count up to which it beat oneDNN's
+    packed kernel at every count (0: at none).
 
-    `timer(rows)` gives (F.linear seconds, packed seconds); stopping at the first loss keeps the
-    rule one threshold, as a fixed per-call cost predicts (it matters less as rows grow).
+    `timer(rows)` gives seconds by kernel: "torch" (F.linear), "onednn" and, where it was built, "roseinfer"
+    (linear_f32.c). The small path is the faster of roseinfer's and F.linear at the first count; stopping at
+    its first loss to oneDNN keeps the rule one threshold, as a fixed per-call cost predicts.
     """
+    first = timer(SMALL_ROWS_PROBE[0])
+    kernel = "roseinfer" if first.get("roseinfer", float("inf")) < first["torch"] else "torch"
     threshold = 0
     for rows in SMALL_ROWS_PROBE:
-        plain, packed = timer(rows)
-        if plain >= packed:
+        seconds = first if rows == SMALL_ROWS_PROBE[0] else timer(rows)
+        if seconds[kernel] >= seconds["onednn"]:
             break
         threshold = rows
-    return threshold
+    return kernel, threshold
 
 
-def _time_fp32_linears(rows: int) -> tuple[float, float]:
-    """Median seconds of F.linear and of the packed oneDNN call on PROBE_SHAPE, interleaved."""
+def _time_fp32_linears(rows: int) -> dict[str, float]:
+    """Median seconds of F.linear, the packed oneDNN call and (where built) roseinfer's fp32 kernel on
+    PROBE_SHAPE, interleaved."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(PROBE_SHAPE, generator=gen)
     x = torch.randn(rows, PROBE_SHAPE[1], generator=gen)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
-    calls = (lambda: F.linear(x, weight), lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
-    times: tuple[list[float], list[float]] = ([], [])
+    calls = {"torch": lambda: F.linear(x, weight),
+             "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    lib = load_f32_linear_kernel()
+    if lib is not None:
+        panels = pack_f32_panels(weight, lib.linear_f32_panel_columns())
+        calls["roseinfer"] = lambda: f32_linear(x, panels, None, False, PROBE_SHAPE[0])
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for repeat in range(PROBE_REPEATS + 3):
-        for call, spent in zip(calls, times):
+        for name, call in calls.items():
             start = time.perf_counter()
             call()
             if repeat >= 3:  # the first calls set up oneDNN's primitive and the caches
-                spent.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(spent) for name, spent in times.items()}
 
 
 @functools.cache
-def fp32_small_rows() -> int:
-    """Up to how many rows fp32 projections go to F.linear on this CPU: measured once a process, at first use."""
-    threshold = small_rows_threshold(_time_fp32_linears)
-    logger.info("roseinfer: fp32 projections of up to %d rows take F.linear (faster than oneDNN's packed kernel "
-                "there on this CPU), more rows the packed kernel", threshold)
-    return threshold
+def fp32_small_rows() -> tuple[str, int]:
+    """(kernel, rows): fp32 projections of up to `rows` rows take `kernel` ("roseinfer" or "torch") on this CPU,
+    more rows oneDNN's packed kernel. Measured once a process, at first use."""
+    kernel, threshold = small_rows_choice(_time_fp32_linears)
+    name = "roseinfer's fp32 kernel" if kernel == "roseinfer" else "F.linear"
+    logger.info("roseinfer: fp32 projections of up to %d rows take %s (faster than oneDNN's packed kernel "
+                "there on this CPU), more rows the packed kernel", threshold, name)
+    return kernel, threshold
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -152,9 +173,9 @@ class PackedLinear(nn.Module):
         self.activation = activation
         self._attr, self._algorithm = ACTIVATIONS[activation]
         self.kernel = choose_kernel(weight.dtype, self.in_features, cpu_linear)
-        # fp32 on oneDNN: row counts up to this one take F.linear on the dense weight (see fp32_small_rows).
-        self.small_rows = fp32_small_rows() if self.kernel == "onednn" and weight.dtype == torch.float32 \
-            and cpu_linear in ("auto", "roseinfer") else 0
+        # fp32 on oneDNN: row counts up to small_rows take small_kernel (see fp32_small_rows).
+        self.small_kernel, self.small_rows = fp32_small_rows() if self.kernel == "onednn" \
+            and weight.dtype == torch.float32 and cpu_linear in ("auto", "roseinfer") else ("torch", 0)
         self._pack(weight, bias)
 
     @classmethod
@@ -163,9 +184,17 @@ class PackedLinear(nn.Module):
 
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.has_bias = bias is not None
+        small_torch = self.small_rows and self.small_kernel == "torch"
         # The dense weight, kept only where F.linear reads it. A view, not a copy: for the LM head it is
         # the embedding's own matrix; for a projection, the tensor it was built from.
-        self._dense = weight.detach() if self.kernel == "torch" or self.small_rows else None
+        self._dense = weight.detach() if self.kernel == "torch" or small_torch else None
+        self._panels = self._panel_bias = None  # roseinfer's fp32 kernel's layout, where it takes the small rows
+        if self.small_rows and self.small_kernel == "roseinfer":
+            columns = load_f32_linear_kernel().linear_f32_panel_columns()
+            self._panels = pack_f32_panels(weight.detach(), columns)
+            if bias is not None:
+                self._panel_bias = torch.zeros(self._panels.shape[0] * columns)
+                self._panel_bias[: self.out_features] = bias.detach()
         if self.kernel == "roseinfer":
             self._weight = pack_panels(weight.detach(), PANEL_COLUMNS)
             self._bias = None
@@ -189,6 +218,8 @@ class PackedLinear(nn.Module):
                 y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
             else:
                 y = bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
+        elif self._panels is not None and not compiling and rows.shape[0] <= self.small_rows:
+            y = f32_linear(rows, self._panels, self._panel_bias, self.activation == "gelu_tanh", self.out_features)
         elif self.kernel == "torch" or (not compiling and rows.shape[0] <= self.small_rows):
             y = F.linear(rows, self._dense, self._bias)
             if self.activation == "gelu_tanh":

@@ -1,8 +1,9 @@
 """The ctypes bindings of the CPU kernels: one place that knows their C signatures and layouts.
 
-`paged_decode.c` (paged attention, used by roseinfer.attention.cpu) and
+`paged_decode.c` (paged attention, used by roseinfer.attention.cpu),
 `linear_bf16.c` (the bf16 projection, roseinfer.models.packed_linear, and the
-bf16 greedy argmax, roseinfer.sampling) are built at first use by `build.py`;
+bf16 greedy argmax, roseinfer.sampling) and `linear_f32.c` (the fp32
+projection of a few rows, packed_linear) are built at first use by `build.py`;
 each loader here returns None where its kernel cannot run, and the caller
 takes its torch path.
 """
@@ -18,6 +19,7 @@ from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
 
 PAGED_DECODE_SOURCE = KERNELS_DIR / "paged_decode.c"
 BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
+F32_KERNEL_SOURCE = KERNELS_DIR / "linear_f32.c"
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
@@ -88,6 +90,47 @@ def load_bf16_linear_kernel() -> ctypes.CDLL | None:
     lib.linear_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p] + [ctypes.c_int64] * 4
     return lib
+
+
+@functools.cache
+def load_f32_linear_kernel() -> ctypes.CDLL | None:
+    """roseinfer's fp32 projection for a few rows, or None where it cannot be built (no compiler)."""
+    lib = load_kernel_library(F32_KERNEL_SOURCE, "fp32 projection", "oneDNN's kernel or F.linear")
+    if lib is None:
+        return None
+    lib.linear_f32.restype = ctypes.c_int
+    lib.linear_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                               ctypes.c_void_p] + [ctypes.c_int64] * 4
+    return lib
+
+
+def pack_f32_panels(weight: torch.Tensor, columns: int) -> torch.Tensor:
+    """[N, K] -> [N/columns, K, columns]: the order linear_f32.c streams a panel of columns in."""
+    n, k = weight.shape
+    padded = weight.new_zeros(-(-n // columns) * columns, k)
+    padded[:n] = weight
+    return padded.view(-1, columns, k).permute(0, 2, 1).contiguous()
+
+
+def unpack_f32_panels(packed: torch.Tensor, n: int) -> torch.Tensor:
+    panels, k, columns = packed.shape
+    return packed.permute(0, 2, 1).reshape(panels * columns, k)[:n].contiguous()
+
+
+def f32_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, gelu: bool, n: int) -> torch.Tensor:
+    """x [M, K] fp32 through the fp32 panels of an [n, K] weight (bias padded to whole panels)."""
+    padded = packed.shape[0] * packed.shape[2]  # the kernel reads whole panels of weight and of bias
+    if x.shape[-1] != packed.shape[1] or padded < n or (bias is not None and bias.numel() != padded):
+        raise ValueError(f"linear_f32: x {tuple(x.shape)} or a bias of {None if bias is None else bias.numel()} "
+                         f"does not fit panels {tuple(packed.shape)} for {n} columns")
+    if x.stride(-1) != 1 or x.dtype != torch.float32:
+        x = x.float().contiguous()
+    y = torch.empty(x.shape[0], n)
+    load_f32_linear_kernel().linear_f32(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None, int(gelu),
+        y.data_ptr(), x.shape[0], n, packed.shape[1], torch.get_num_threads(),
+    )
+    return y
 
 
 def pack_panels(weight: torch.Tensor, columns: int = PANEL_COLUMNS) -> torch.Tensor:
