@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from roseinfer.cpu_class import emulated_class
+
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_TOKEN_ID = 50256
 
@@ -96,13 +98,17 @@ def _torch_cpu_has(probe: str) -> bool:
 
 
 def amx_bf16_cpu() -> bool:
-    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): matrix units that multiply whole bf16 tiles."""
-    return _torch_cpu_has("_is_amx_tile_supported")
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): matrix units that multiply whole bf16 tiles.
+
+    Under `roseinfer.cpu_class` (a narrower class emulated), the class's answer: none of them has AMX.
+    """
+    return emulated_class() is None and _torch_cpu_has("_is_amx_tile_supported")
 
 
 def native_bf16_cpu() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation."""
-    return _torch_cpu_has("_is_avx512_bf16_supported") or amx_bf16_cpu()
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX), not by emulation (the class's answer
+    under `roseinfer.cpu_class`: no)."""
+    return emulated_class() is None and (_torch_cpu_has("_is_avx512_bf16_supported") or amx_bf16_cpu())
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -36,7 +36,7 @@ def tiny_source(tmp_path):
 
 
 def key(source, compiler="cc", version="gcc 12"):
-    return build.cache_path(source, compiler, version, build.FLAG_SETS[0]).name
+    return build.cache_path(source, compiler, version, build.flag_sets()[0]).name
 
 
 def test_the_cache_key_tells_arm_cpus_apart(tiny_source, tmp_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_a_damaged_cached_library_is_rebuilt(tiny_source, tmp_path, monkeypatch,
     monkeypatch.setenv("ROSEINFER_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("CC", shutil.which("cc"))
     found = build._compiler()
-    cached = build.cache_path(tiny_source, *found, build.FLAG_SETS[0])
+    cached = build.cache_path(tiny_source, *found, build.flag_sets()[0])
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"\x7fELF cut short by a full disk")
     with caplog.at_level(logging.WARNING, logger="roseinfer.kernels"):

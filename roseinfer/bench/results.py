@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from roseinfer.cpu_class import emulated_class
+
 
 def _is_checkout(path: Path) -> bool:
     return (path / "pyproject.toml").is_file() and (path / "roseinfer").is_dir()
@@ -70,7 +72,8 @@ def cpu_info() -> dict[str, Any]:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}}
+    # emulated_class: the narrower class this run stood in for (roseinfer.cpu_class), None on the CPU as it is
+    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS}, "emulated_class": emulated_class()}
 
 
 def boot_id() -> str:

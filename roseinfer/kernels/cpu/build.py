@@ -33,14 +33,21 @@ from pathlib import Path
 logger = logging.getLogger("roseinfer.kernels")
 
 KERNELS_DIR = Path(__file__).parent  # the C sources sit beside this file
-NATIVE, OPENMP = ("-march=native",), ("-fopenmp",)
-# Tried in order: the fast build, then without OpenMP (clang without libomp still vectorizes the
-# loops, on one thread), then both again without -march=native for compilers that refuse it.
-FLAG_SETS = tuple(
-    ("-O3", *arch, threads, "-shared", "-fPIC")
-    for arch in (NATIVE, ())
-    for threads in (*OPENMP, "-fopenmp-simd")
-)
+OPENMP = ("-fopenmp",)
+
+
+def target_flags() -> tuple[str, ...]:
+    """-march=native, or the class ROSEINFER_KERNEL_MARCH names (roseinfer.cpu_class sets it, e.g. x86-64-v3
+    to build the AVX2 class's kernels on a wider CPU)."""
+    return (f"-march={os.environ.get('ROSEINFER_KERNEL_MARCH') or 'native'}",)
+
+
+def flag_sets() -> tuple[tuple[str, ...], ...]:
+    """Tried in order: the fast build, then without OpenMP (clang without libomp still vectorizes the
+    loops, on one thread), then both again without -march for compilers that refuse it."""
+    return tuple(
+        ("-O3", *arch, threads, "-shared", "-fPIC") for arch in (target_flags(), ()) for threads in (*OPENMP, "-fopenmp-simd")
+    )
 CPUINFO = Path("/proc/cpuinfo")
 # The /proc/cpuinfo fields that say which CPU this is and what it can do: x86 ("model name",
 # "flags"), ARM ("CPU implementer", "CPU part", "Features"), POWER ("cpu"), RISC-V ("isa", "uarch").
@@ -153,7 +160,7 @@ def load_kernel_library(source: Path, what: str, fallback: str) -> ctypes.CDLL |
         return None
     compiler, version = found
     errors = []
-    for flags in FLAG_SETS:
+    for flags in flag_sets():
         try:
             lib = _load(source, compiler, version, flags)
             break
@@ -162,9 +169,9 @@ def load_kernel_library(source: Path, what: str, fallback: str) -> ctypes.CDLL |
     else:
         logger.warning("roseinfer: the %s kernel did not build (%s); %s", what, errors, fallback)
         return None
-    if NATIVE[0] not in flags:
-        logger.warning("roseinfer: %s refuses -march=native; the %s is built for any CPU of this "
-                       "architecture (slower)", compiler, what)
+    if target_flags()[0] not in flags:
+        logger.warning("roseinfer: %s refuses %s; the %s is built for any CPU of this "
+                       "architecture (slower)", compiler, target_flags()[0], what)
     if OPENMP[0] not in flags:
         logger.warning("roseinfer: no OpenMP in %s; the %s runs on one thread", compiler, what)
     return lib

@@ -1,0 +1,63 @@
+"""Run a command on this CPU as a narrower CPU class would: the instruction sets roseinfer is measured on.
+
+The machines roseinfer is built and measured on change kind (AVX2-only, AVX-512, AVX512-BF16, AMX), and a
+fast path must not lose to the plain one on any of them. A wider CPU can stand in for a narrower class's
+*instruction set*:
+
+    python -m roseinfer.cpu_class avx2 -- python benchmarks/benchmark_cpu_linear.py --rows 1 4
+
+runs the command with
+- `ATEN_CPU_CAPABILITY`: ATen's vectorized kernels (layer norms, GELU, softmax...) at that width;
+- `ONEDNN_MAX_CPU_ISA`: oneDNN (the packed projections) limited to that ISA;
+- `ROSEINFER_KERNEL_MARCH`: roseinfer's C kernels built for the class (`-march=x86-64-v3` for AVX2,
+  `x86-64-v4` for AVX-512) instead of `-march=native`, cached apart from the native build;
+- `ROSEINFER_CPU_CLASS`: roseinfer's own checks (`config.native_bf16_cpu`, `config.amx_bf16_cpu`) answer
+  for the class, so the default dtype and the kernel choices are the class's.
+
+What it cannot stand in for is the narrower CPU's cores, caches and memory (an AVX2 laptop is not a
+Zen 5 server held to 256-bit vectors): compare kernels with each other under one class on one machine,
+as ratios, and never put a figure taken so beside one from a real machine of that class.
+`python -m roseinfer.cpu_class avx2` with no command prints the settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CLASSES = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ROSEINFER_KERNEL_MARCH": "x86-64-v3"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "ROSEINFER_KERNEL_MARCH": "x86-64-v4"},
+}
+
+
+def emulated_class() -> str | None:
+    """The class this process runs as (ROSEINFER_CPU_CLASS), or None on the CPU as it is."""
+    name = os.environ.get("ROSEINFER_CPU_CLASS") or None
+    if name is not None and name not in CLASSES:
+        raise ValueError(f"ROSEINFER_CPU_CLASS={name!r}; known classes: {', '.join(CLASSES)}")
+    return name
+
+
+def class_env(name: str) -> dict[str, str]:
+    if name not in CLASSES:
+        raise ValueError(f"unknown CPU class {name!r}; known: {', '.join(CLASSES)}")
+    return dict(CLASSES[name], ROSEINFER_CPU_CLASS=name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    settings = class_env(args[0])
+    command = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
+    if not command:
+        print(" ".join(f"{k}={v}" for k, v in settings.items()))
+        return 0
+    os.execvpe(command[0], command, {**os.environ, **settings})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
