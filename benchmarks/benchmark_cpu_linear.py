@@ -13,9 +13,12 @@ Two parts, both interleaved (one repeat of each variant in turn), medians:
   chosen for).
 - a whole gpt2 fp32 decode step at each batch, context 64, as the engine runs
   it by default (`cpu_linear="auto"`: the small rows on the kernel measured
-  fastest at start-up) against every projection on oneDNN (`"onednn"`), with
-  the step's floor: its weights and cached K/V read once at this machine's
-  measured read bandwidth. Greedy tokens of the two engines are checked equal.
+  fastest at start-up) against every projection on oneDNN (`"onednn"`) and
+  against int8 weights (`quantization="int8"`), each with its floor: its
+  weights and cached K/V read once at this machine's measured read bandwidth
+  (a quarter of the weight bytes for int8). Greedy tokens of the two fp32
+  engines are checked equal; int8's agreement with them is measured (32
+  prompts, 32 tokens each, random weights) and reported.
 
 Writes results/cpu/cpu_linear.json.
 """
@@ -23,6 +26,7 @@ Writes results/cpu/cpu_linear.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from functools import partial
@@ -34,6 +38,7 @@ from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
 from roseinfer.bench.roofline import decode_step_cost, machine_peaks
+from roseinfer.bench.same_answer import agreement, matching_prefix
 from roseinfer.config import PRESETS
 from roseinfer.kernels.cpu.bindings import f32_linear, load_f32_linear_kernel, pack_f32_panels
 from roseinfer.models.packed_linear import PackedLinear
@@ -60,38 +65,49 @@ def best_of(fn, repeats: int, inner: int) -> list[float]:
     return out
 
 
-STEP_VARIANTS = ("onednn", "auto")
+STEP_VARIANTS = {"onednn": dict(cpu_linear="onednn"), "auto": dict(cpu_linear="auto"), "int8": dict(quantization="int8")}
 CONTEXT = 64
 
 
-def bench_steps(batches: list[int], repeats: int) -> list[dict]:
-    """A gpt2 fp32 decode step per batch, every projection on oneDNN against the engine's default choice."""
-    engines = {v: InferenceEngine.from_pretrained("gpt2", dtype="float32", max_batch_size=max(batches), cpu_linear=v)
-               for v in STEP_VARIANTS}
+def step_floor_ms(batch: int, peaks: dict, weight_bytes: float) -> float:
+    """The step's bytes (weights at `weight_bytes` each, fp32 K/V and activations) over the read bandwidth."""
+    config = PRESETS["gpt2"]
+    cost = decode_step_cost(config, [CONTEXT] * batch, 4)
+    weights = 12 * config.n_layer * config.n_embd**2 + config.vocab_size * config.n_embd  # projections + LM head
+    return (cost.bytes - weights * (4 - weight_bytes)) / peaks["mem_bytes_s"] * 1000
+
+
+def bench_steps(batches: list[int], repeats: int) -> dict:
+    """A gpt2 decode step per batch: every projection on oneDNN, the engine's default, and int8 weights."""
+    engines = {v: InferenceEngine.from_pretrained("gpt2", dtype="float32", max_batch_size=max(batches), **options)
+               for v, options in STEP_VARIANTS.items()}
     params = SamplingParams(max_new_tokens=32, stop_on_eos=False)
-    tokens = {v: [o.token_ids for o in e.generate(["The same answer", "either way"], params)] for v, e in engines.items()}
-    assert tokens["onednn"] == tokens["auto"], "the two engines' greedy tokens differ"
+    prompts = [f"prompt {i}: " + "word " * (i % 7) for i in range(32)]
+    tokens = {v: [o.token_ids for o in e.generate(prompts, params)] for v, e in engines.items()}
+    assert tokens["onednn"] == tokens["auto"], "the two fp32 engines' greedy tokens differ"
+    int8_agreement = {"identical_requests": agreement(tokens["int8"], tokens["auto"]),
+                      "matching_prefix": matching_prefix(tokens["int8"], tokens["auto"])}
+    print(f"int8 against fp32, {len(prompts)} prompts x 32 greedy tokens: {int8_agreement['identical_requests']:.0%} "
+          f"of requests identical, {int8_agreement['matching_prefix']:.0%} of tokens before the first difference")
     peaks = machine_peaks("cpu", torch.float32)
-    out = []
+    rows = []
     for batch in batches:
         ms = {v: [] for v in STEP_VARIANTS}
-        with decode_batch(engines["onednn"], batch, CONTEXT) as a, decode_batch(engines["auto"], batch, CONTEXT) as b:
-            steps = {"onednn": a, "auto": b}
+        with contextlib.ExitStack() as stack:
+            steps = {v: stack.enter_context(decode_batch(e, batch, CONTEXT)) for v, e in engines.items()}
             for _ in range(repeats):
                 for v in STEP_VARIANTS:
                     ms[v].append(statistics.median(step_times_ms(engines[v], steps[v], 10)))
-        floor_ms = decode_step_cost(PRESETS["gpt2"], [CONTEXT] * batch, 4).floor_s(peaks) * 1000
-        row = {"batch": batch, "context": CONTEXT, "floor_ms": floor_ms, "same_greedy_tokens": True}
+        row = {"batch": batch, "context": CONTEXT}
         for v in STEP_VARIANTS:
-            row[v] = {"median_ms": statistics.median(ms[v]), "runs_ms": ms[v],
-                      "x_floor": statistics.median(ms[v]) / floor_ms}
-        row["speedup"] = row["onednn"]["median_ms"] / row["auto"]["median_ms"]
-        out.append(row)
-        print(f"decode step, batch {batch:>2}: oneDNN {row['onednn']['median_ms']:.2f} ms "
-              f"({min(ms['onednn']):.2f}-{max(ms['onednn']):.2f}), default {row['auto']['median_ms']:.2f} ms "
-              f"({min(ms['auto']):.2f}-{max(ms['auto']):.2f}): {row['speedup']:.2f}x; floor {floor_ms:.2f} ms "
-              f"(default {row['auto']['x_floor']:.2f}x it, oneDNN {row['onednn']['x_floor']:.2f}x)")
-    return out
+            floor = step_floor_ms(batch, peaks, 1 if v == "int8" else 4)
+            row[v] = {"median_ms": statistics.median(ms[v]), "runs_ms": ms[v], "floor_ms": floor,
+                      "x_floor": statistics.median(ms[v]) / floor}
+        rows.append(row)
+        print(f"decode step, batch {batch:>2}: " + ", ".join(
+            f"{v} {row[v]['median_ms']:.2f} ms ({min(ms[v]):.2f}-{max(ms[v]):.2f}; {row[v]['x_floor']:.2f}x its floor "
+            f"{row[v]['floor_ms']:.2f})" for v in STEP_VARIANTS))
+    return {"rows": rows, "fp32_same_greedy_tokens": True, "int8_agreement_with_fp32": int8_agreement}
 
 
 def main(argv=None) -> int:
@@ -103,7 +119,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     results = []
     with torch.inference_mode():
-        steps = bench_steps(args.batches, args.repeats) if args.batches else []
+        steps = bench_steps(args.batches, args.repeats) if args.batches else {}
         for name, (fan_in, fan_out) in SHAPES.items():
             weight, bias = torch.randn(fan_out, fan_in) * 0.02, torch.zeros(fan_out)
             packed = PackedLinear(weight, bias, cpu_linear="onednn")  # the packed kernel at every row count

@@ -102,6 +102,12 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
         default=None,
         help="CPU: the projections' kernel (default: auto, or ROSEINFER_CPU_LINEAR; see EngineConfig.cpu_linear)",
     )
+    g.add_argument(
+        "--quantization",
+        choices=("int8",),
+        default=None,
+        help="CPU: int8 weights, one scale per output channel, fp32 arithmetic (see EngineConfig.quantization)",
+    )
 
 
 def scheduler_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,7 +146,7 @@ def engine_from_args(args: argparse.Namespace) -> InferenceEngine:
     }
     if hasattr(args, "no_prefix_cache"):
         options["enable_prefix_cache"] = not args.no_prefix_cache
-    for name in ("attention_backend", "cuda_graph", "compile_decode", "nvtx", "cpu_linear"):
+    for name in ("attention_backend", "cuda_graph", "compile_decode", "nvtx", "cpu_linear", "quantization"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     if getattr(args, "paged_attn", False):

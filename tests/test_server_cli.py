@@ -66,6 +66,21 @@ def test_engine_and_model_flags(hf_tiny_dir, tmp_path):
         app_for("--model", "gpt2-tiny", "--device", "nonsense-device")
 
 
+def test_the_quantization_flag_builds_an_int8_engine(hf_tiny_dir):
+    from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
+
+    if load_f32_linear_kernel() is None:
+        pytest.skip("no C compiler: no int8 kernel")
+    app = app_for("--model", str(hf_tiny_dir), "--quantization", "int8")
+    manager = app.state.manager
+    try:
+        engine = manager.engine
+        assert engine.config.quantization == "int8" and engine.dtype == torch.float32
+        assert engine.runner.model.__dict__["_packed_lm_head"].kernel == "int8"
+    finally:
+        manager.close()
+
+
 def test_weights_flags(hf_tiny_dir, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -56,7 +56,8 @@ class InferenceEngine:
         self.tokenizer = tokenizer
         self.weights = weights
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        # int8 weights are widened to fp32 in the kernel: the activations are fp32 whatever the CPU's default
+        self.dtype = torch.float32 if config.quantization else resolve_dtype(config.dtype, self.device)
         graphs_asked = config.cuda_graph and self.device.type == "cuda"  # then only Triton can be captured
         backend = config.attention_backend or ("triton" if graphs_asked else default_attention_backend(self.device))
         _check_backend_runs_here(backend, self.device)
@@ -64,7 +65,9 @@ class InferenceEngine:
         model = model_family(weights.config.family)(weights.config, make_attention_backend(backend))
         model.load_state_dict(weights.state_dict, strict=True)
         model = model.to(device=self.device, dtype=self.dtype).eval()
-        if config.packed_cpu_weights and packing_available(self.device, self.dtype):
+        if config.quantization:  # validate() kept it to the CPU and fp32
+            model.pack_for_cpu(config.quantization)
+        elif config.packed_cpu_weights and packing_available(self.device, self.dtype):
             model.pack_for_cpu(config.cpu_linear)
         num_blocks = config.num_kv_blocks or self._default_num_blocks(weights.config)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype, config.nvtx)

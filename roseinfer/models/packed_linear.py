@@ -37,6 +37,14 @@ The choice is `EngineConfig.cpu_linear` ("auto", "onednn", "roseinfer",
 "torch"), passed to each `PackedLinear`; ROSEINFER_CPU_LINEAR overrides the
 config's default when the config is built.
 
+`EngineConfig.quantization="int8"` passes "int8" instead: every projection
+and the LM head keep their weight as int8 with one fp32 scale per output
+channel (symmetric, max |w| / 127), and run roseinfer's int8 kernel
+(`linear_f32.c`'s `linear_i8`): the weight is widened to fp32 in registers
+as it streams, so a decode step reads a quarter of fp32's bytes and the
+arithmetic stays fp32. The exact oracle is the fp32 model with the
+dequantized weights (what `state_dict` returns).
+
 `PackedLinear` holds only the packed weight; its state_dict still reads and
 writes ordinary dense tensors under the usual names, so checkpoints and
 `load_state_dict` do not see the difference.
@@ -59,10 +67,13 @@ from roseinfer.kernels.cpu.bindings import (
     PANEL_COLUMNS,
     bf16_linear,
     f32_linear,
+    i8_linear,
     load_bf16_linear_kernel,
     load_f32_linear_kernel,
     pack_f32_panels,
     pack_panels,
+    quantize_i8_panels,
+    unpack_f32_panels,
     unpack_panels,
 )
 
@@ -76,7 +87,7 @@ PACK_FOR_ROWS = 32
 # Fused activations: (oneDNN attribute, algorithm).
 ACTIVATIONS = {"none": ("none", ""), "gelu_tanh": ("gelu", "tanh")}
 
-CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch")
+CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch", "int8")
 # Row counts at which fp32's F.linear is timed against the packed kernel, and the shape (gpt2's
 # qkv, a middle-sized projection): a decode step below 8 rows is where a fixed cost could show.
 SMALL_ROWS_PROBE = (1, 2, 4, 8)
@@ -96,9 +107,13 @@ def bf16_kernel_wanted(dtype: torch.dtype, cpu_linear: str = "auto") -> bool:
 
 
 def choose_kernel(dtype: torch.dtype, in_features: int, cpu_linear: str) -> str:
-    """The kernel a projection runs on: "roseinfer" (bf16), "onednn" (packed) or "torch" (F.linear)."""
+    """The kernel a projection runs on: "roseinfer" (bf16), "onednn" (packed), "torch" (F.linear) or "int8"."""
     if cpu_linear not in CPU_LINEAR_CHOICES:
         raise ValueError(f"cpu_linear must be one of {CPU_LINEAR_CHOICES}, not {cpu_linear!r}")
+    if cpu_linear == "int8":
+        if dtype != torch.float32 or load_f32_linear_kernel() is None:
+            raise ValueError("int8 projections need fp32 activations and roseinfer's CPU kernel (a C compiler)")
+        return "int8"
     if cpu_linear == "torch":
         return "torch"
     return "roseinfer" if bf16_kernel_wanted(dtype, cpu_linear) and in_features % 2 == 0 else "onednn"
@@ -193,6 +208,14 @@ class PackedLinear(nn.Module):
         # the embedding's own matrix; for a projection, the tensor it was built from.
         self._dense = weight.detach() if self.kernel == "torch" or small_torch else None
         self._panels = self._panel_bias = None  # roseinfer's fp32 kernel's layout, where it takes the small rows
+        if self.kernel == "int8":
+            columns = load_f32_linear_kernel().linear_f32_panel_columns()
+            self._weight, self._scale = quantize_i8_panels(weight.detach(), columns)
+            self._bias = None
+            if bias is not None:
+                self._bias = torch.zeros(self._scale.numel())
+                self._bias[: self.out_features] = bias.detach().float()
+            return
         if self.small_rows and self.small_kernel == "roseinfer":
             columns = load_f32_linear_kernel().linear_f32_panel_columns()
             self._panels = pack_f32_panels(weight.detach(), columns)
@@ -216,7 +239,11 @@ class PackedLinear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         compiling = torch.compiler.is_compiling()
-        if self.kernel == "roseinfer":
+        if self.kernel == "int8":
+            if compiling:
+                raise NotImplementedError("int8 projections are not traced by torch.compile (compile_decode)")
+            y = i8_linear(rows, self._weight, self._scale, self._bias, self.activation == "gelu_tanh", self.out_features)
+        elif self.kernel == "roseinfer":
             gelu = self.activation == "gelu_tanh"
             if compiling:
                 y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
@@ -237,6 +264,12 @@ class PackedLinear(nn.Module):
         return y.view(*shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        if self.kernel == "int8":  # the dequantized weights: what the int8 kernel computes with
+            destination[prefix + "weight"] = unpack_f32_panels(self._weight, self.out_features).float() \
+                * self._scale[: self.out_features, None]
+            if self.has_bias:
+                destination[prefix + "bias"] = self._bias[: self.out_features]
+            return
         if self.kernel == "roseinfer":
             destination[prefix + "weight"] = unpack_panels(self._weight, self.out_features)
             if self.has_bias:

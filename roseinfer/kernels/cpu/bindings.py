@@ -101,6 +101,9 @@ def load_f32_linear_kernel() -> ctypes.CDLL | None:
     lib.linear_f32.restype = ctypes.c_int
     lib.linear_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_void_p] + [ctypes.c_int64] * 4
+    lib.linear_i8.restype = ctypes.c_int
+    lib.linear_i8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 4
     return lib
 
 
@@ -130,6 +133,40 @@ def f32_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
         x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None, int(gelu),
         y.data_ptr(), x.shape[0], n, packed.shape[1], torch.get_num_threads(),
     )
+    return y
+
+
+def quantize_i8_panels(weight: torch.Tensor, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] fp32 -> (int8 panels [N/columns, K, columns], fp32 scales padded to whole panels).
+
+    Symmetric, per output channel: scale = max |w| / 127 over the channel's row, w ~ round(w / scale) * scale.
+    """
+    scale = weight.abs().amax(dim=1).float() / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale, its q are 0
+    q = torch.round(weight.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    padded_scale = torch.ones(-(-weight.shape[0] // columns) * columns)
+    padded_scale[: weight.shape[0]] = scale
+    return pack_f32_panels(q, columns), padded_scale
+
+
+def i8_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, gelu: bool, n: int
+) -> torch.Tensor:
+    """x [M, K] fp32 through the int8 panels of an [n, K] weight (scale and bias fp32, padded to whole panels)."""
+    padded = packed.shape[0] * packed.shape[2]
+    if (x.shape[-1] != packed.shape[1] or padded < n or scale.numel() != padded
+            or (bias is not None and bias.numel() != padded) or packed.dtype != torch.int8):
+        raise ValueError(f"linear_i8: x {tuple(x.shape)} does not fit int8 panels {tuple(packed.shape)} for {n} "
+                         "columns (or its scale or bias is not padded to them)")
+    if x.stride(-1) != 1 or x.dtype != torch.float32:
+        x = x.float().contiguous()
+    y = torch.empty(x.shape[0], n)
+    status = load_f32_linear_kernel().linear_i8(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), scale.data_ptr(), bias.data_ptr() if bias is not None else None,
+        int(gelu), y.data_ptr(), x.shape[0], n, packed.shape[1], torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError(f"linear_i8: no memory for a widened panel of {packed.shape[1]} x {packed.shape[2]}")
     return y
 
 
