@@ -4,7 +4,7 @@
     python benchmarks/compare_engines.py     # all engines, 3 interleaved runs, 2 threads
 
 Engines (--engines): roseinfer-fp32, roseinfer-auto (the dtype the engine
-picks for this CPU), hf (transformers `generate`), vllm-fp32, vllm-bf16
+picks for this CPU), roseinfer-int8 (int8 weights, fp32 arithmetic), hf (transformers `generate`), vllm-fp32, vllm-bf16
 (vLLM's CPU build), ct2-fp32, ct2-int8 (CTranslate2), llamacpp-f32
 (llama.cpp via llama-cpp-python). A peer whose virtualenv is missing is
 skipped with a line saying so.

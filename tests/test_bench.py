@@ -244,13 +244,16 @@ def test_greedy_agreement_measures():
 
 def test_compare_engines_smoke(tmp_path):
     """The peer harness end to end with the engines CI has (roseinfer, HF); a peer without its venv is skipped."""
+    from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
+
+    ours = ["roseinfer-fp32"] + (["roseinfer-int8"] if load_f32_linear_kernel() else [])  # int8 needs a compiler
     out = tmp_path / "e.json"
     text = _run(
         "compare_engines.py",
         "--preset",
         "gpt2-tiny",
         "--engines",
-        "roseinfer-fp32",
+        *ours,
         "hf",
         "ct2-int8",
         "--num-requests",
@@ -271,11 +274,13 @@ def test_compare_engines_smoke(tmp_path):
     assert set(result["config"]["skipped"]) == {"ct2-int8"}
     assert set(result["config"]["cpu_flags"]) >= {"avx512f", "avx512_bf16"}
     for name, block in result["metrics"].items():
-        assert set(block["engines"]) == {"roseinfer-fp32", "hf"}, name
+        assert set(block["engines"]) == {*ours, "hf"}, name
         assert block["roofline_tok_s"]["fp32_tok_s"] > 0
         for engine in block["engines"].values():
             assert engine["exact_output_lengths"] and len(engine["runs_tok_s"]) == 1
         assert block["engines"]["hf"]["same_tokens_as_reference"] == 1.0, (name, text)
+        for name_ in ours[1:]:  # int8: its agreement is measured and reported, not assumed
+            assert 0 <= block["engines"][name_]["same_tokens_as_reference"] <= 1
         assert block["engines"]["hf"]["matching_prefix_with_reference"] == 1.0, (name, text)
     assert out.with_suffix(".png").exists()
 

@@ -12,15 +12,17 @@ from roseinfer.sampling import SamplingParams
 
 def load(spec):
     torch.set_num_threads(spec["threads"])
-    # dtype None lets the engine pick for this processor (the "auto" variant).
-    engine = InferenceEngine.from_pretrained(spec["model"], dtype=spec["options"].get("dtype"))
+    # dtype None lets the engine pick for this processor (the "auto" variant); quantization: the int8 variant.
+    options = spec["options"]
+    engine = InferenceEngine.from_pretrained(spec["model"], dtype=options.get("dtype"),
+                                             quantization=options.get("quantization"))
 
     def generate(requests: Requests) -> list[list[int]]:
         params = [SamplingParams(max_new_tokens=r["max_new_tokens"], stop_on_eos=False) for r in requests]
         outs = engine.generate([r["prompt"] for r in requests], params, max_batch_size=len(requests))
         return [o.token_ids for o in outs]
 
-    dtype = str(engine.dtype).removeprefix("torch.")
+    dtype = "int8" if engine.config.quantization else str(engine.dtype).removeprefix("torch.")
     return generate, {"roseinfer": roseinfer.__version__, "torch": torch.__version__, "dtype": dtype}
 
 

@@ -45,6 +45,8 @@ ENGINES: dict[str, Engine] = {
         Engine("roseinfer-fp32", "run_roseinfer.py", "hf", "fp32", options={"dtype": "float32"}),
         # Whatever InferenceEngine.from_pretrained picks for this processor when asked for no dtype.
         Engine("roseinfer-auto", "run_roseinfer.py", "hf", "auto", options={"dtype": None}),
+        # int8 weights, one scale per output channel, fp32 arithmetic (EngineConfig.quantization)
+        Engine("roseinfer-int8", "run_roseinfer.py", "hf", "int8", options={"quantization": "int8"}),
         Engine("hf", "run_hf.py", "hf", "fp32"),
         Engine("vllm-fp32", "run_vllm.py", "hf", "fp32", "vllm", {"dtype": "float32"}),
         Engine("vllm-bf16", "run_vllm.py", "hf", "bf16", "vllm", {"dtype": "bfloat16"}),

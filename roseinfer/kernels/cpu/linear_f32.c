@@ -37,6 +37,13 @@
 #endif
 #define NB (2 * VL) /* output columns per panel */
 #define MB 4        /* rows per pass over a panel: 2 x 4 accumulators fit even AVX2's 16 registers */
+/* Rows per pass over a panel already in cache (int8's widened panel, many rows): as many as the registers
+ * hold, 2 x 12 accumulators of AVX-512's 32, 2 x 6 of AVX2's 16, so each weight loaded serves that many rows. */
+#if VL == 16
+#define MB_WIDE 12
+#else
+#define MB_WIDE 6
+#endif
 
 typedef float vf __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4), aligned(4)));
@@ -136,7 +143,14 @@ ROWS_KERNEL(1) ROWS_KERNEL(2) ROWS_KERNEL(3) ROWS_KERNEL(4)
 
 typedef void (*rows_fn)(const float *, int64_t, const float *, int64_t, const float *, int, float *, int64_t,
                         int64_t);
-static const rows_fn ROWS[MB + 1] = {0, rows_1, rows_2, rows_3, rows_4};
+ROWS_KERNEL(5) ROWS_KERNEL(6)
+#if MB_WIDE > 6
+ROWS_KERNEL(7) ROWS_KERNEL(8) ROWS_KERNEL(9) ROWS_KERNEL(10) ROWS_KERNEL(11) ROWS_KERNEL(12)
+static const rows_fn ROWS[MB_WIDE + 1] = {0,      rows_1, rows_2, rows_3,  rows_4,  rows_5, rows_6,
+                                          rows_7, rows_8, rows_9, rows_10, rows_11, rows_12};
+#else
+static const rows_fn ROWS[MB_WIDE + 1] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
+#endif
 
 /* The contiguous range of panels this thread of the parallel region streams: one sequential read each. */
 static inline void this_threads_panels(int64_t panels, int64_t *first, int64_t *last) {
@@ -224,12 +238,16 @@ int linear_i8(const float *x, int64_t x_stride, const int8_t *packed, const floa
                     *(vf *)(wide + k * NB + VL) = widen(panel + k * NB + VL) * s1;
                 }
             }
+            if (wide) { /* passes of equal size, each at most MB_WIDE rows: 32 rows = 11 + 11 + 10 on AVX-512 */
+                const int64_t passes = (M + MB_WIDE - 1) / MB_WIDE;
+                for (int64_t p = 0; p < passes; ++p) {
+                    const int64_t m0 = M * p / passes, m1 = M * (p + 1) / passes;
+                    ROWS[m1 - m0](x + m0 * x_stride, x_stride, wide, K, bias_b, gelu, y + m0 * N + b * NB, N, N - b * NB);
+                }
+                continue;
+            }
             for (int64_t m0 = 0; m0 < M; m0 += MB) {
                 const int rows = M - m0 < MB ? (int)(M - m0) : MB;
-                if (wide) {
-                    ROWS[rows](x + m0 * x_stride, x_stride, wide, K, bias_b, gelu, y + m0 * N + b * NB, N, N - b * NB);
-                    continue;
-                }
                 vf acc0[MB], acc1[MB];
                 ROWS_I8[rows](x + m0 * x_stride, x_stride, panel, K, acc0, acc1);
                 finish_rows(rows, acc0, acc1, scale + b * NB, bias_b, gelu, y + m0 * N + b * NB, N, N - b * NB);
