@@ -59,3 +59,13 @@ def test_the_avx2_class_runs_the_avx2_kernels_in_a_child(monkeypatch):
     # two 256-bit vectors a panel, no AVX512-BF16 kernel, fp32 by default, ATen at AVX2, and the results say so
     assert seen == {"columns": 16, "bf16_kernel": False, "dtype": "torch.float32", "aten": "AVX2",
                     "emulated": "avx2"}
+
+
+def test_a_class_run_writes_its_results_apart(monkeypatch, tmp_path):
+    from roseinfer.bench.results import results_dir
+
+    monkeypatch.setenv("ROSEINFER_RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("ROSEINFER_CPU_CLASS", raising=False)
+    assert results_dir("cpu").name == "cpu"
+    monkeypatch.setenv("ROSEINFER_CPU_CLASS", "avx2")
+    assert results_dir("cpu").name == "cpu-avx2"  # never over, or beside, the machine's own figures

@@ -105,7 +105,12 @@ def results_root() -> Path:
 
 
 def results_dir(device: str | torch.device = "cpu", root: Path | None = None) -> Path:
-    path = (root or results_root()) / device_tag(device)
+    """results/<device>/, or results/cpu-<class>/ for a CPU run standing in for a narrower class
+    (roseinfer.cpu_class): its figures never overwrite, or sit beside, the machine's own."""
+    tag = device_tag(device)
+    if tag == "cpu" and emulated_class():
+        tag = f"cpu-{emulated_class()}"
+    path = (root or results_root()) / tag
     path.mkdir(parents=True, exist_ok=True)
     return path
 

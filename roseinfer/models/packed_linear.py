@@ -239,16 +239,16 @@ class PackedLinear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         compiling = torch.compiler.is_compiling()
-        if self.kernel == "int8":
-            if compiling:
-                raise NotImplementedError("int8 projections are not traced by torch.compile (compile_decode)")
-            y = i8_linear(rows, self._weight, self._scale, self._bias, self.activation == "gelu_tanh", self.out_features)
-        elif self.kernel == "roseinfer":
+        if self.kernel == "roseinfer":
             gelu = self.activation == "gelu_tanh"
             if compiling:
                 y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
             else:
                 y = bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
+        elif self.kernel == "int8":
+            if compiling:
+                raise NotImplementedError("int8 projections are not traced by torch.compile (compile_decode)")
+            y = i8_linear(rows, self._weight, self._scale, self._bias, self.activation == "gelu_tanh", self.out_features)
         elif self._panels is not None and not compiling and rows.shape[0] <= self.small_rows:
             y = f32_linear(rows, self._panels, self._panel_bias, self.activation == "gelu_tanh", self.out_features)
         elif self.kernel == "torch" or (not compiling and rows.shape[0] <= self.small_rows):
