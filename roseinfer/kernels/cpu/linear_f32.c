@@ -123,34 +123,55 @@ static void finish_rows(int rows, const vf *acc0, const vf *acc1, const float *s
     }
 }
 
-/* R rows of x against one panel (R a constant in each copy, so the accumulators are registers). */
-#define ROWS_KERNEL(R)                                                                                        \
-    static void rows_##R(const float *x, int64_t x_stride, const float *panel, int64_t K, const float *bias, \
-                         int gelu, float *y, int64_t y_stride, int64_t ncols) {                               \
-        vf acc0[R], acc1[R];                                                                                  \
-        for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = splat(0.0f);                                          \
-        for (int64_t k = 0; k < K; ++k) {                                                                     \
-            const vf w0 = *(const vf *)(panel + k * NB), w1 = *(const vf *)(panel + k * NB + VL);             \
-            for (int r = 0; r < R; ++r) {                                                                     \
-                const vf xb = splat(x[r * x_stride + k]);                                                     \
-                acc0[r] += xb * w0;                                                                           \
-                acc1[r] += xb * w1;                                                                           \
+/* R rows of x against one panel, whose weights LOAD reads as fp32 vectors (fp32 panels as they are, int8
+ * panels widened), U values of k at a time into U sets of accumulators. R and U are constants in each copy,
+ * so the 2 U R accumulators are registers: with one row, two sums alone would wait on the FMA's latency every
+ * k, so small R take U = 2 while the registers allow (ACCUMULATORS). Past an odd K's end the second set
+ * multiplies the last k's weights again by x = 0. */
+#define LOAD_F32(p) (*(const vf *)(p))
+#define LOAD_I8(p) widen(p)
+#define ACCUMULATORS (VL == 16 ? 16 : 8) /* of AVX-512's 32 registers, AVX2's 16: the rest hold weights and x */
+#define UNROLL(R) (4 * (R) <= ACCUMULATORS ? 2 : 1)
+#define ROWS_KERNEL(NAME, T, LOAD, R)                                                                         \
+    static void NAME##_##R(const float *x, int64_t x_stride, const T *panel, int64_t K, const float *scale,  \
+                           const float *bias, int gelu, float *y, int64_t y_stride, int64_t ncols) {          \
+        enum { U = UNROLL(R) };                                                                               \
+        vf acc0[U][R], acc1[U][R];                                                                            \
+        for (int u = 0; u < U; ++u)                                                                           \
+            for (int r = 0; r < R; ++r) acc0[u][r] = acc1[u][r] = splat(0.0f);                                \
+        for (int64_t k = 0; k < K; k += U) {                                                                  \
+            for (int u = 0; u < U; ++u) {                                                                     \
+                const int in = k + u < K;                                                                     \
+                const T *w = panel + (in ? k + u : K - 1) * NB;                                               \
+                const vf w0 = LOAD(w), w1 = LOAD(w + VL);                                                     \
+                for (int r = 0; r < R; ++r) {                                                                 \
+                    const vf xb = splat(in ? x[r * x_stride + k + u] : 0.0f);                                 \
+                    acc0[u][r] += xb * w0;                                                                    \
+                    acc1[u][r] += xb * w1;                                                                    \
+                }                                                                                             \
             }                                                                                                 \
         }                                                                                                     \
-        finish_rows(R, acc0, acc1, 0, bias, gelu, y, y_stride, ncols);                                        \
+        for (int u = 1; u < U; ++u)                                                                           \
+            for (int r = 0; r < R; ++r) acc0[0][r] += acc0[u][r], acc1[0][r] += acc1[u][r];                   \
+        finish_rows(R, acc0[0], acc1[0], scale, bias, gelu, y, y_stride, ncols);                              \
     }
-ROWS_KERNEL(1) ROWS_KERNEL(2) ROWS_KERNEL(3) ROWS_KERNEL(4)
+#define F32_ROWS(R) ROWS_KERNEL(rows, float, LOAD_F32, R)
+#define I8_ROWS(R) ROWS_KERNEL(rows_i8, int8_t, LOAD_I8, R)
+F32_ROWS(1) F32_ROWS(2) F32_ROWS(3) F32_ROWS(4) F32_ROWS(5) F32_ROWS(6)
+I8_ROWS(1) I8_ROWS(2) I8_ROWS(3) I8_ROWS(4)
 
-typedef void (*rows_fn)(const float *, int64_t, const float *, int64_t, const float *, int, float *, int64_t,
-                        int64_t);
-ROWS_KERNEL(5) ROWS_KERNEL(6)
+typedef void (*rows_fn)(const float *, int64_t, const float *, int64_t, const float *, const float *, int, float *,
+                        int64_t, int64_t);
+typedef void (*rows_i8_fn)(const float *, int64_t, const int8_t *, int64_t, const float *, const float *, int,
+                           float *, int64_t, int64_t);
 #if MB_WIDE > 6
-ROWS_KERNEL(7) ROWS_KERNEL(8) ROWS_KERNEL(9) ROWS_KERNEL(10) ROWS_KERNEL(11) ROWS_KERNEL(12)
+F32_ROWS(7) F32_ROWS(8) F32_ROWS(9) F32_ROWS(10) F32_ROWS(11) F32_ROWS(12)
 static const rows_fn ROWS[MB_WIDE + 1] = {0,      rows_1, rows_2, rows_3,  rows_4,  rows_5, rows_6,
                                           rows_7, rows_8, rows_9, rows_10, rows_11, rows_12};
 #else
 static const rows_fn ROWS[MB_WIDE + 1] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
 #endif
+static const rows_i8_fn ROWS_I8[MB + 1] = {0, rows_i8_1, rows_i8_2, rows_i8_3, rows_i8_4};
 
 /* The contiguous range of panels this thread of the parallel region streams: one sequential read each. */
 static inline void this_threads_panels(int64_t panels, int64_t *first, int64_t *last) {
@@ -175,7 +196,7 @@ int linear_f32(const float *x, int64_t x_stride, const float *packed, const floa
         for (int64_t b = first; b < last; ++b) {
             for (int64_t m0 = 0; m0 < M; m0 += MB) {
                 const int64_t rows = M - m0 < MB ? M - m0 : MB;
-                ROWS[rows](x + m0 * x_stride, x_stride, packed + b * K * NB, K, bias ? bias + b * NB : 0, gelu,
+                ROWS[rows](x + m0 * x_stride, x_stride, packed + b * K * NB, K, 0, bias ? bias + b * NB : 0, gelu,
                            y + m0 * N + b * NB, N, N - b * NB);
             }
         }
@@ -188,36 +209,9 @@ int linear_f32(const float *x, int64_t x_stride, const float *packed, const floa
  * memory, so at a few rows (memory-bound) it runs up to 4x faster; the products are fp32 throughout.
  * - Up to MB rows: each panel's int8 weights are widened in registers as they stream (one pass).
  * - More rows: each panel is widened once, scale applied, into a per-thread fp32 panel (K x NB x 4 bytes,
- *   in L2), and the fp32 kernel's passes of MB rows read that: the widening is paid once a panel however
+ *   in L2), and the fp32 kernel's passes of up to MB_WIDE rows read that: the widening is paid once a panel however
  *   many rows there are.
  * Layout: packed [N/NB][K][NB] int8; scale and bias (or NULL) padded to whole panels. */
-/* Two k at a time into two sets of accumulators: the widening makes each k longer than a load, and
- * 4 R independent sums keep the FMA units busy where one row alone would wait on its 2 sums' latency. */
-#define ROWS_KERNEL_I8(R)                                                                                     \
-    static void rows_i8_##R(const float *x, int64_t x_stride, const int8_t *panel, int64_t K,                \
-                            vf *acc0, vf *acc1) {                                                             \
-        vf a0[R], a1[R], c0[R], c1[R];                                                                        \
-        for (int r = 0; r < R; ++r) a0[r] = a1[r] = c0[r] = c1[r] = splat(0.0f);                              \
-        for (int64_t k = 0; k < K; k += 2) {                                                                  \
-            const int odd_tail = k + 1 == K; /* an odd K's last k: the second set adds 0 x (its own weights) */ \
-            const int8_t *next = odd_tail ? panel + k * NB : panel + k * NB + NB;                             \
-            const vf w0 = widen(panel + k * NB), w1 = widen(panel + k * NB + VL);                             \
-            const vf v0 = widen(next), v1 = widen(next + VL);                                                 \
-            for (int r = 0; r < R; ++r) {                                                                     \
-                const vf xb = splat(x[r * x_stride + k]), xc = splat(odd_tail ? 0.0f : x[r * x_stride + k + 1]); \
-                a0[r] += xb * w0;                                                                             \
-                a1[r] += xb * w1;                                                                             \
-                c0[r] += xc * v0;                                                                             \
-                c1[r] += xc * v1;                                                                             \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (int r = 0; r < R; ++r) acc0[r] = a0[r] + c0[r], acc1[r] = a1[r] + c1[r];                         \
-    }
-ROWS_KERNEL_I8(1) ROWS_KERNEL_I8(2) ROWS_KERNEL_I8(3) ROWS_KERNEL_I8(4)
-
-typedef void (*rows_i8_fn)(const float *, int64_t, const int8_t *, int64_t, vf *, vf *);
-static const rows_i8_fn ROWS_I8[MB + 1] = {0, rows_i8_1, rows_i8_2, rows_i8_3, rows_i8_4};
-
 int linear_i8(const float *x, int64_t x_stride, const int8_t *packed, const float *scale, const float *bias,
               int gelu, float *y, int64_t M, int64_t N, int64_t K, int64_t threads) {
     const int64_t panels = (N + NB - 1) / NB;
@@ -242,15 +236,15 @@ int linear_i8(const float *x, int64_t x_stride, const int8_t *packed, const floa
                 const int64_t passes = (M + MB_WIDE - 1) / MB_WIDE;
                 for (int64_t p = 0; p < passes; ++p) {
                     const int64_t m0 = M * p / passes, m1 = M * (p + 1) / passes;
-                    ROWS[m1 - m0](x + m0 * x_stride, x_stride, wide, K, bias_b, gelu, y + m0 * N + b * NB, N, N - b * NB);
+                    ROWS[m1 - m0](x + m0 * x_stride, x_stride, wide, K, 0, bias_b, gelu, y + m0 * N + b * NB, N,
+                                  N - b * NB);
                 }
                 continue;
             }
             for (int64_t m0 = 0; m0 < M; m0 += MB) {
                 const int rows = M - m0 < MB ? (int)(M - m0) : MB;
-                vf acc0[MB], acc1[MB];
-                ROWS_I8[rows](x + m0 * x_stride, x_stride, panel, K, acc0, acc1);
-                finish_rows(rows, acc0, acc1, scale + b * NB, bias_b, gelu, y + m0 * N + b * NB, N, N - b * NB);
+                ROWS_I8[rows](x + m0 * x_stride, x_stride, panel, K, scale + b * NB, bias_b, gelu, y + m0 * N + b * NB,
+                              N, N - b * NB);
             }
         }
         free(wide);
