@@ -1,5 +1,7 @@
-/* An fp32 projection for the few rows of a small decode step, on any x86-64 (and any CPU GCC
- * vectorizes for): y[M][N] = x[M][K] . W[N][K]^T + bias, GELU (tanh) optionally applied.
+/* Projections in fp32 arithmetic, on any x86-64 (and any CPU GCC vectorizes for):
+ * y[M][N] = x[M][K] . W[N][K]^T + bias, GELU (tanh) optionally applied.
+ * - linear_f32: fp32 weights, for the few rows of a small decode step;
+ * - linear_i8 (below): int8 weights with a scale per output column, widened to fp32 as they stream.
  *
  * Why not oneDNN's packed kernel (packed_linear.py)? At one to a few rows a projection is a
  * matrix-vector product: it should take as long as reading its weight. oneDNN's kernel pays a
@@ -10,9 +12,9 @@
  *   NB is two vectors of the widest unit the compiler targets (-march=native): 32 columns with
  *   AVX-512, 16 with AVX2 (256-bit, the whole register, not the 128-bit halves GCC's tuning
  *   picks for Zen 1 when left to auto-vectorize), 8 with SSE or NEON.
- * - For each k, the panel's two vectors are multiplied by x[r][k] broadcast, into 2 x MB fp32
+ * - For each k, the panel's two vectors are multiplied by x[r][k] broadcast, into fp32
  *   accumulators that stay in registers: every weight byte is read once and used for up to MB
- *   rows.
+ *   rows (see ROWS_KERNEL for how one row still keeps the FMA units busy).
  * - The threads split the panels, a contiguous range each: one sequential stream a thread.
  *
  * The vectors are GCC's vector extensions, so one source serves every width; the exp in GELU
