@@ -40,7 +40,7 @@ from roseinfer.bench.results import cpu_info, make_result, results_dir, write_js
 from roseinfer.bench.roofline import decode_step_cost, machine_peaks
 from roseinfer.bench.same_answer import agreement, matching_prefix
 from roseinfer.config import PRESETS
-from roseinfer.kernels.cpu.bindings import f32_linear, load_f32_linear_kernel, pack_f32_panels
+from roseinfer.kernels.cpu.bindings import f32_linear, load_f32_linear_kernel, pack_f32_panels, pad_to_panels
 from roseinfer.models.packed_linear import PackedLinear
 
 KERNEL_MAX_ROWS = 8
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
             packed = PackedLinear(weight, bias, cpu_linear="onednn")  # the packed kernel at every row count
             lib = load_f32_linear_kernel()
             panels = pack_f32_panels(weight, lib.linear_f32_panel_columns()) if lib else None
-            panel_bias = torch.zeros(panels.shape[0] * panels.shape[2]) if lib else None  # bias is 0 here
+            panel_bias = pad_to_panels(bias, panels.shape[2]) if lib else None
             for rows in args.rows:
                 x = torch.randn(rows, fan_in)
                 inner = 3 if fan_out > 10000 else 20

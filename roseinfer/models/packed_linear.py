@@ -72,6 +72,7 @@ from roseinfer.kernels.cpu.bindings import (
     load_f32_linear_kernel,
     pack_f32_panels,
     pack_panels,
+    pad_to_panels,
     quantize_i8_panels,
     unpack_f32_panels,
     unpack_panels,
@@ -211,23 +212,15 @@ class PackedLinear(nn.Module):
         if self.kernel == "int8":
             columns = load_f32_linear_kernel().linear_f32_panel_columns()
             self._weight, self._scale = quantize_i8_panels(weight.detach(), columns)
-            self._bias = None
-            if bias is not None:
-                self._bias = torch.zeros(self._scale.numel())
-                self._bias[: self.out_features] = bias.detach().float()
+            self._bias = pad_to_panels(bias, columns)
             return
         if self.small_rows and self.small_kernel == "roseinfer":
             columns = load_f32_linear_kernel().linear_f32_panel_columns()
             self._panels = pack_f32_panels(weight.detach(), columns)
-            if bias is not None:
-                self._panel_bias = torch.zeros(self._panels.shape[0] * columns)
-                self._panel_bias[: self.out_features] = bias.detach()
+            self._panel_bias = pad_to_panels(bias, columns)
         if self.kernel == "roseinfer":
             self._weight = pack_panels(weight.detach(), PANEL_COLUMNS)
-            self._bias = None
-            if bias is not None:  # fp32, padded to whole panels: the kernel adds it before rounding
-                self._bias = torch.zeros(self._weight.shape[0] * PANEL_COLUMNS)
-                self._bias[: self.out_features] = bias.detach().float()
+            self._bias = pad_to_panels(bias, PANEL_COLUMNS)  # fp32: the kernel adds it before rounding
             return
         self._bias = bias.detach().to(weight.dtype).contiguous() if bias is not None else None
         if self.kernel == "torch":

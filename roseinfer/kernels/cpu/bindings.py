@@ -107,6 +107,16 @@ def load_f32_linear_kernel() -> ctypes.CDLL | None:
     return lib
 
 
+def pad_to_panels(values: torch.Tensor | None, columns: int, fill: float = 0.0) -> torch.Tensor | None:
+    """A per-output-column vector (a bias, int8's scales) in fp32, padded with `fill` to whole panels of
+    `columns`: the kernels read a panel's worth whatever the layer's width. None stays None."""
+    if values is None:
+        return None
+    padded = torch.full((-(-values.shape[0] // columns) * columns,), fill)
+    padded[: values.shape[0]] = values.detach().float()
+    return padded
+
+
 def pack_f32_panels(weight: torch.Tensor, columns: int) -> torch.Tensor:
     """[N, K] -> [N/columns, K, columns]: the order linear_f32.c streams a panel of columns in."""
     n, k = weight.shape
@@ -144,9 +154,7 @@ def quantize_i8_panels(weight: torch.Tensor, columns: int) -> tuple[torch.Tensor
     scale = weight.abs().amax(dim=1).float() / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale, its q are 0
     q = torch.round(weight.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    padded_scale = torch.ones(-(-weight.shape[0] // columns) * columns)
-    padded_scale[: weight.shape[0]] = scale
-    return pack_f32_panels(q, columns), padded_scale
+    return pack_f32_panels(q, columns), pad_to_panels(scale, columns, fill=1.0)
 
 
 def i8_linear(
