@@ -15,8 +15,8 @@ Two parts, both interleaved (one repeat of each variant in turn), medians:
   it by default (`cpu_linear="auto"`: the small rows on the kernel measured
   fastest at start-up) against every projection on oneDNN (`"onednn"`) and
   against int8 weights (`quantization="int8"`), each with its floor: its
-  weights and cached K/V read once at this machine's measured read bandwidth
-  (a quarter of the weight bytes for int8). Greedy tokens of the two fp32
+  weights and cached K/V read once at the read bandwidth measured in the same
+  round (a quarter of the weight bytes for int8). Greedy tokens of the two fp32
   engines are checked equal; int8's agreement with them is measured (32
   prompts, 32 tokens each, random weights) and reported.
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import cpu_info, make_result, results_dir, write_json
-from roseinfer.bench.roofline import decode_step_cost, machine_peaks
+from roseinfer.bench.roofline import decode_step_cost, read_bandwidth_meter
 from roseinfer.bench.same_answer import agreement, matching_prefix
 from roseinfer.config import PRESETS
 from roseinfer.kernels.cpu.bindings import f32_linear, load_f32_linear_kernel, pack_f32_panels, pad_to_panels
@@ -69,16 +69,20 @@ STEP_VARIANTS = {"onednn": dict(cpu_linear="onednn"), "auto": dict(cpu_linear="a
 CONTEXT = 64
 
 
-def step_floor_ms(batch: int, peaks: dict, weight_bytes: float) -> float:
-    """The step's bytes (weights at `weight_bytes` each, fp32 K/V and activations) over the read bandwidth."""
+def step_bytes(batch: int, weight_bytes: float) -> float:
+    """What a step must read: its weights at `weight_bytes` each, fp32 K/V and activations."""
     config = PRESETS["gpt2"]
     cost = decode_step_cost(config, [CONTEXT] * batch, 4)
     weights = 12 * config.n_layer * config.n_embd**2 + config.vocab_size * config.n_embd  # projections + LM head
-    return (cost.bytes - weights * (4 - weight_bytes)) / peaks["mem_bytes_s"] * 1000
+    return cost.bytes - weights * (4 - weight_bytes)
 
 
 def bench_steps(batches: list[int], repeats: int) -> dict:
-    """A gpt2 decode step per batch: every projection on oneDNN, the engine's default, and int8 weights."""
+    """A gpt2 decode step per batch: every projection on oneDNN, the engine's default, and int8 weights.
+
+    Each round measures the memory's read bandwidth first and every variant right after, and a step's
+    `x_floor` is its time over its bytes at that round's bandwidth: this virtual machine's bandwidth
+    swings ~1.6x within minutes, so a floor taken once would flatter or sink whole rounds."""
     engines = {v: InferenceEngine.from_pretrained("gpt2", dtype="float32", max_batch_size=max(batches), **options)
                for v, options in STEP_VARIANTS.items()}
     params = SamplingParams(max_new_tokens=32, stop_on_eos=False)
@@ -89,24 +93,28 @@ def bench_steps(batches: list[int], repeats: int) -> dict:
                       "matching_prefix": matching_prefix(tokens["int8"], tokens["auto"])}
     print(f"int8 against fp32, {len(prompts)} prompts x 32 greedy tokens: {int8_agreement['identical_requests']:.0%} "
           f"of requests identical, {int8_agreement['matching_prefix']:.0%} of tokens before the first difference")
-    peaks = machine_peaks("cpu", torch.float32)
+    read_bandwidth = read_bandwidth_meter("cpu", torch.float32)
     rows = []
     for batch in batches:
         ms = {v: [] for v in STEP_VARIANTS}
+        x_floor = {v: [] for v in STEP_VARIANTS}
+        bandwidths = []
         with contextlib.ExitStack() as stack:
             steps = {v: stack.enter_context(decode_batch(e, batch, CONTEXT)) for v, e in engines.items()}
             for _ in range(repeats):
+                bandwidths.append(read_bandwidth())
                 for v in STEP_VARIANTS:
                     ms[v].append(statistics.median(step_times_ms(engines[v], steps[v], 10)))
-        row = {"batch": batch, "context": CONTEXT}
+                    floor_ms = step_bytes(batch, 1 if v == "int8" else 4) / bandwidths[-1] * 1000
+                    x_floor[v].append(ms[v][-1] / floor_ms)
+        row = {"batch": batch, "context": CONTEXT, "read_bytes_s_runs": bandwidths}
         for v in STEP_VARIANTS:
-            floor = step_floor_ms(batch, peaks, 1 if v == "int8" else 4)
-            row[v] = {"median_ms": statistics.median(ms[v]), "runs_ms": ms[v], "floor_ms": floor,
-                      "x_floor": statistics.median(ms[v]) / floor}
+            row[v] = {"median_ms": statistics.median(ms[v]), "runs_ms": ms[v],
+                      "x_floor": statistics.median(x_floor[v]), "x_floor_runs": x_floor[v]}
         rows.append(row)
-        print(f"decode step, batch {batch:>2}: " + ", ".join(
-            f"{v} {row[v]['median_ms']:.2f} ms ({min(ms[v]):.2f}-{max(ms[v]):.2f}; {row[v]['x_floor']:.2f}x its floor "
-            f"{row[v]['floor_ms']:.2f})" for v in STEP_VARIANTS))
+        print(f"decode step, batch {batch:>2} (read {min(bandwidths) / 1e9:.0f}-{max(bandwidths) / 1e9:.0f} GB/s): "
+              + ", ".join(f"{v} {row[v]['median_ms']:.2f} ms, {row[v]['x_floor']:.2f}x its floor "
+                          f"({min(x_floor[v]):.2f}-{max(x_floor[v]):.2f})" for v in STEP_VARIANTS))
     return {"rows": rows, "fp32_same_greedy_tokens": True, "int8_agreement_with_fp32": int8_agreement}
 
 

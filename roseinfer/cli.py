@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from roseinfer.attention.registry import ATTENTION_BACKENDS
+from roseinfer.config import QUANTIZATIONS
 from roseinfer.engine.engine import InferenceEngine
 
 
@@ -104,9 +105,10 @@ def add_engine_args(parser: argparse.ArgumentParser, max_batch_size: int = 64) -
     )
     g.add_argument(
         "--quantization",
-        choices=("int8",),
+        choices=QUANTIZATIONS,
         default=None,
-        help="CPU: int8 weights, one scale per output channel, fp32 arithmetic (see EngineConfig.quantization)",
+        help="CPU: int8 weights, one scale per output channel; int8: activations quantized per row too, int8 "
+        "products (VNNI); int8-weight-only: fp32 arithmetic (see EngineConfig.quantization)",
     )
 
 

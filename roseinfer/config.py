@@ -158,6 +158,10 @@ class SchedulerLimits:
         return self.prefill_max_batch_size or self.max_batch_size
 
 
+# EngineConfig.quantization's values (models/packed_linear.py's QUANTIZED kernels).
+QUANTIZATIONS = ("int8", "int8-weight-only")
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs a model. Every field can be passed to `from_pretrained`."""
@@ -181,8 +185,9 @@ class EngineConfig:
     # CPU projections' kernel: auto | onednn | roseinfer (bf16) | torch (F.linear); see models/packed_linear.py.
     # ROSEINFER_CPU_LINEAR, read here once, overrides the default.
     cpu_linear: str = dataclasses.field(default_factory=lambda: os.environ.get("ROSEINFER_CPU_LINEAR", "auto").lower())
-    # CPU: "int8" keeps every projection's and the LM head's weight as int8, one scale per output channel,
-    # run by roseinfer's int8 kernel in fp32 (a quarter of the bytes a step reads); None: the dtype's weights.
+    # CPU: int8 weights for every projection and the LM head, one scale per output channel (a quarter of the
+    # bytes a step reads). "int8": activations quantized per row too, int8 x int8 products (VNNI where the CPU
+    # has it); "int8-weight-only": fp32 arithmetic on the widened weights. None: the dtype's weights.
     quantization: str | None = None
     checkpoint_path: str | None = None  # a roseinfer checkpoint file
     hf_model_id: str | None = None  # a Hub id: the local HF cache, else downloaded
@@ -210,11 +215,11 @@ class EngineConfig:
             raise ValueError(f"prefill_max_batch_size must be positive, got {self.prefill_max_batch_size}")
         if self.cpu_linear not in ("auto", "onednn", "roseinfer", "torch"):
             raise ValueError(f"cpu_linear must be auto, onednn, roseinfer or torch, got {self.cpu_linear!r}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.quantization and (self.device != "cpu" or self.dtype not in (None, "auto", "float32", "fp32")):
-            raise ValueError("quantization='int8' runs on the CPU, in fp32 (leave dtype unset or float32)")
+            raise ValueError(f"quantization={self.quantization!r} runs on the CPU, in fp32 (leave dtype unset or float32)")
         if self.quantization and self.compile_decode:
-            raise ValueError("quantization='int8' runs eagerly: torch.compile does not trace its kernel yet")
+            raise ValueError(f"quantization={self.quantization!r} runs eagerly: torch.compile does not trace its kernel yet")
         if self.max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")

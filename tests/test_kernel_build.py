@@ -49,6 +49,15 @@ def test_the_cache_key_tells_arm_cpus_apart(tiny_source, tmp_path, monkeypatch):
     assert keys[0] != keys[1]
 
 
+def test_the_cache_key_holds_the_local_headers_a_source_includes(tmp_path):
+    (tmp_path / "shared.h").write_text("#define ANSWER 42\n")
+    source = tmp_path / "uses.c"
+    source.write_text('#include "shared.h"\nint answer(void) { return ANSWER; }\n')
+    before = key(source)
+    (tmp_path / "shared.h").write_text("#define ANSWER 43\n")  # a kernel built on the old header is stale
+    assert key(source) != before
+
+
 def test_the_cache_key_holds_the_architecture_and_the_compiler(tiny_source, monkeypatch):
     monkeypatch.setattr(build, "native_target", lambda compiler: "")
     monkeypatch.setattr(build, "CPUINFO", Path("/no/such/cpuinfo"))

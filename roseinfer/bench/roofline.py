@@ -152,36 +152,56 @@ def measure_peaks(
     # Both buffers are larger than any CPU cache (a cached copy would report the cache's speed).
     big = torch.empty((1 if small else 256 if cuda else 1024) << 20, device=dev, dtype=torch.uint8)
     dst = torch.empty_like(big)
-    stream = torch.ones((1 << 20) if small else (1 << 28), device=dev, dtype=torch.float32)  # 1 GiB
 
     def best(fn, reps: int) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            if cuda:
-                torch.cuda.synchronize(dev)
-            t = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize(dev)
-            times.append(time.perf_counter() - t)
-        return min(times)
+        return _best_time(fn, reps, dev)
 
     flops = [2 * n**3 / best(lambda: torch.mm(a, b), 5)]
     packed = _packed_linear_case(dev, dtype, small)
     if packed is not None:
         run, case_flops = packed
         flops.append(case_flops / best(run, 5))
-    reads = [stream.numel() * stream.element_size() / best(lambda: stream.sum(), 5)]
-    gemv = _packed_gemv_case(dev, dtype, small)
-    if gemv is not None:
-        run, weight_bytes = gemv
-        reads.append(weight_bytes / best(run, 3))
     return {
         "matmul_flops": max(flops),
-        "mem_bytes_s": max(reads),
+        "mem_bytes_s": read_bandwidth_meter(dev, dtype, small)(),
         "copy_bytes_s": 2 * big.numel() / best(lambda: dst.copy_(big), 5),
     }
+
+
+def _best_time(fn, reps: int, dev: torch.device) -> float:
+    """The fastest of `reps` timed calls (after one untimed), in seconds."""
+    cuda = dev.type == "cuda"
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def read_bandwidth_meter(device="cpu", dtype: torch.dtype = torch.float32, small: bool = False):
+    """A function that measures the memory's read bandwidth now, in bytes/s: the faster of a sum over
+    1 GiB and oneDNN's packed projection of one row through 512 MB of weights (see measure_peaks).
+
+    Its buffers are built once, so a benchmark that compares a step with its floor can measure the
+    bandwidth beside each of its rounds: a virtual machine's drifts within minutes."""
+    dev = torch.device(device)
+    stream = torch.ones((1 << 20) if small else (1 << 28), device=dev, dtype=torch.float32)  # 1 GiB
+    gemv = _packed_gemv_case(dev, dtype, small)
+
+    def measure() -> float:
+        reads = [stream.numel() * stream.element_size() / _best_time(stream.sum, 5, dev)]
+        if gemv is not None:
+            run, weight_bytes = gemv
+            reads.append(weight_bytes / _best_time(run, 3, dev))
+        return max(reads)
+
+    return measure
 
 
 PEAK_KEYS = ("matmul_flops", "mem_bytes_s")

@@ -37,13 +37,20 @@ The choice is `EngineConfig.cpu_linear` ("auto", "onednn", "roseinfer",
 "torch"), passed to each `PackedLinear`; ROSEINFER_CPU_LINEAR overrides the
 config's default when the config is built.
 
-`EngineConfig.quantization="int8"` passes "int8" instead: every projection
-and the LM head keep their weight as int8 with one fp32 scale per output
-channel (symmetric, max |w| / 127), and run roseinfer's int8 kernel
-(`linear_f32.c`'s `linear_i8`): the weight is widened to fp32 in registers
-as it streams, so a decode step reads a quarter of fp32's bytes and the
-arithmetic stays fp32. The exact oracle is the fp32 model with the
-dequantized weights (what `state_dict` returns).
+`EngineConfig.quantization` passes its value instead; every projection and
+the LM head then keep their weight as int8 with one fp32 scale per output
+channel (symmetric, max |w| / 127), so a decode step reads a quarter of
+fp32's bytes:
+- "int8": activations are quantized too, each row at every call (max |x|),
+  and the products are int8 x int8 summed exactly in int32
+  (`linear_w8a8.c`: VNNI's vpdpbusd where the CPU has it, vpmaddubsw on
+  AVX2), as CTranslate2's and vLLM's int8 do: four times fp32's products an
+  instruction. Its exact oracle is that arithmetic written in torch.
+- "int8-weight-only": the weight is widened to fp32 in registers as it
+  streams (`linear_f32.c`'s `linear_i8`) and the arithmetic stays fp32:
+  closer to fp32's answers, bound by the widening's instructions. Its exact
+  oracle is the fp32 model with the dequantized weights.
+Both save the dequantized weights in `state_dict`.
 
 `PackedLinear` holds only the packed weight; its state_dict still reads and
 writes ordinary dense tensors under the usual names, so checkpoints and
@@ -62,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roseinfer.config import amx_bf16_cpu
+from roseinfer.config import QUANTIZATIONS, amx_bf16_cpu
 from roseinfer.kernels.cpu.bindings import (
     PANEL_COLUMNS,
     bf16_linear,
@@ -70,12 +77,16 @@ from roseinfer.kernels.cpu.bindings import (
     i8_linear,
     load_bf16_linear_kernel,
     load_f32_linear_kernel,
+    load_w8a8_linear_kernel,
     pack_f32_panels,
     pack_panels,
     pad_to_panels,
     quantize_i8_panels,
+    quantize_w8a8_panels,
     unpack_f32_panels,
     unpack_panels,
+    unpack_w8a8_panels,
+    w8a8_linear,
 )
 
 logger = logging.getLogger("roseinfer.models")
@@ -88,7 +99,8 @@ PACK_FOR_ROWS = 32
 # Fused activations: (oneDNN attribute, algorithm).
 ACTIVATIONS = {"none": ("none", ""), "gelu_tanh": ("gelu", "tanh")}
 
-CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch", "int8")
+QUANTIZED = QUANTIZATIONS  # the int8 kernels, named as EngineConfig.quantization names them
+CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch", *QUANTIZED)
 # Row counts at which fp32's F.linear is timed against the packed kernel, and the shape (gpt2's
 # qkv, a middle-sized projection): a decode step below 8 rows is where a fixed cost could show.
 SMALL_ROWS_PROBE = (1, 2, 4, 8)
@@ -108,13 +120,15 @@ def bf16_kernel_wanted(dtype: torch.dtype, cpu_linear: str = "auto") -> bool:
 
 
 def choose_kernel(dtype: torch.dtype, in_features: int, cpu_linear: str) -> str:
-    """The kernel a projection runs on: "roseinfer" (bf16), "onednn" (packed), "torch" (F.linear) or "int8"."""
+    """The kernel a projection runs on: "roseinfer" (bf16), "onednn" (packed), "torch" (F.linear), or one of
+    QUANTIZED (int8 weights)."""
     if cpu_linear not in CPU_LINEAR_CHOICES:
         raise ValueError(f"cpu_linear must be one of {CPU_LINEAR_CHOICES}, not {cpu_linear!r}")
-    if cpu_linear == "int8":
-        if dtype != torch.float32 or load_f32_linear_kernel() is None:
-            raise ValueError("int8 projections need fp32 activations and roseinfer's CPU kernel (a C compiler)")
-        return "int8"
+    if cpu_linear in QUANTIZED:
+        loader = load_w8a8_linear_kernel if cpu_linear == "int8" else load_f32_linear_kernel
+        if dtype != torch.float32 or loader() is None:
+            raise ValueError(f"{cpu_linear} projections need fp32 activations and roseinfer's CPU kernel (a C compiler)")
+        return cpu_linear
     if cpu_linear == "torch":
         return "torch"
     return "roseinfer" if bf16_kernel_wanted(dtype, cpu_linear) and in_features % 2 == 0 else "onednn"
@@ -210,6 +224,11 @@ class PackedLinear(nn.Module):
         self._dense = weight.detach() if self.kernel == "torch" or small_torch else None
         self._panels = self._panel_bias = None  # roseinfer's fp32 kernel's layout, where it takes the small rows
         if self.kernel == "int8":
+            columns = load_w8a8_linear_kernel().linear_w8a8_panel_columns()
+            self._weight, self._scale, self._colsum = quantize_w8a8_panels(weight.detach(), columns)
+            self._bias = pad_to_panels(bias, columns)
+            return
+        if self.kernel == "int8-weight-only":
             columns = load_f32_linear_kernel().linear_f32_panel_columns()
             self._weight, self._scale = quantize_i8_panels(weight.detach(), columns)
             self._bias = pad_to_panels(bias, columns)
@@ -238,10 +257,15 @@ class PackedLinear(nn.Module):
                 y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
             else:
                 y = bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
-        elif self.kernel == "int8":
+        elif self.kernel in QUANTIZED:
             if compiling:
                 raise NotImplementedError("int8 projections are not traced by torch.compile (compile_decode)")
-            y = i8_linear(rows, self._weight, self._scale, self._bias, self.activation == "gelu_tanh", self.out_features)
+            gelu = self.activation == "gelu_tanh"
+            if self.kernel == "int8":
+                y = w8a8_linear(rows, self._weight, self._scale, self._colsum, self._bias, gelu, self.out_features,
+                                self.in_features)
+            else:
+                y = i8_linear(rows, self._weight, self._scale, self._bias, gelu, self.out_features)
         elif self._panels is not None and not compiling and rows.shape[0] <= self.small_rows:
             y = f32_linear(rows, self._panels, self._panel_bias, self.activation == "gelu_tanh", self.out_features)
         elif self.kernel == "torch" or (not compiling and rows.shape[0] <= self.small_rows):
@@ -257,8 +281,9 @@ class PackedLinear(nn.Module):
         return y.view(*shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
-        if self.kernel == "int8":  # the dequantized weights: what the int8 kernel computes with
-            destination[prefix + "weight"] = unpack_f32_panels(self._weight, self.out_features).float() \
+        if self.kernel in QUANTIZED:  # the dequantized weights: what the int8 kernels compute with
+            unpack = unpack_w8a8_panels if self.kernel == "int8" else unpack_f32_panels
+            destination[prefix + "weight"] = unpack(self._weight, self.out_features)[:, : self.in_features].float() \
                 * self._scale[: self.out_features, None]
             if self.has_bias:
                 destination[prefix + "bias"] = self._bias[: self.out_features]
@@ -280,7 +305,7 @@ class PackedLinear(nn.Module):
         bias = state_dict.get(prefix + "bias")
         if self.has_bias and bias is None:
             missing.append(prefix + "bias")
-        dtype = self._weight.dtype
+        dtype = torch.float32 if self.kernel in QUANTIZED else self._weight.dtype  # int8 weights quantize fp32 ones
         self._pack(weight.to(dtype), bias.to(dtype) if self.has_bias and bias is not None else None)
 
     def extra_repr(self) -> str:

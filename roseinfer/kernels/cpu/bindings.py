@@ -2,8 +2,9 @@
 
 `paged_decode.c` (paged attention, used by roseinfer.attention.cpu),
 `linear_bf16.c` (the bf16 projection, roseinfer.models.packed_linear, and the
-bf16 greedy argmax, roseinfer.sampling) and `linear_f32.c` (the fp32
-projection of a few rows, packed_linear) are built at first use by `build.py`;
+bf16 greedy argmax, roseinfer.sampling), `linear_f32.c` (the fp32
+projection of a few rows and the int8-weight one, packed_linear) and
+`linear_w8a8.c` (int8 weights and activations) are built at first use by `build.py`;
 each loader here returns None where its kernel cannot run, and the caller
 takes its torch path.
 """
@@ -20,6 +21,7 @@ from roseinfer.kernels.cpu.build import KERNELS_DIR, load_kernel_library
 PAGED_DECODE_SOURCE = KERNELS_DIR / "paged_decode.c"
 BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
 F32_KERNEL_SOURCE = KERNELS_DIR / "linear_f32.c"
+W8A8_KERNEL_SOURCE = KERNELS_DIR / "linear_w8a8.c"
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
@@ -175,6 +177,65 @@ def i8_linear(
     )
     if status:
         raise MemoryError(f"linear_i8: no memory for a widened panel of {packed.shape[1]} x {packed.shape[2]}")
+    return y
+
+
+@functools.cache
+def load_w8a8_linear_kernel() -> ctypes.CDLL | None:
+    """roseinfer's int8 x int8 projection, or None where it cannot be built (no compiler)."""
+    lib = load_kernel_library(W8A8_KERNEL_SOURCE, "int8 projection", "no int8 projections")
+    return bind_w8a8(lib) if lib is not None else None
+
+
+def bind_w8a8(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """linear_w8a8.c's signatures on a library built from it (tests build it for other CPU classes too)."""
+    lib.linear_w8a8.restype = ctypes.c_int
+    lib.linear_w8a8.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int,
+                                ctypes.c_void_p] + [ctypes.c_int64] * 4
+    return lib
+
+
+def quantize_w8a8_panels(weight: torch.Tensor, columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] fp32 -> (int8 panels [N/columns, K4, columns, 4], scales, column sums), the last two padded to whole
+    panels. The weights are quantized as quantize_i8_panels does; each group of 4 k is one 32-bit lane a column
+    (K zero-padded to a multiple of 4); a column's sum of its int8 weights undoes the kernel's shift of x."""
+    n, k = weight.shape
+    scale = weight.abs().amax(dim=1).float() / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.zeros(-(-n // columns) * columns, -(-k // 4) * 4, dtype=torch.int8)
+    q[:n, :k] = torch.round(weight.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    packed = q.view(-1, columns, q.shape[1] // 4, 4).permute(0, 2, 1, 3).contiguous()
+    colsum = q.sum(dim=1, dtype=torch.int32)
+    return packed, pad_to_panels(scale, columns, fill=1.0), colsum
+
+
+def unpack_w8a8_panels(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The int8 [n, K4 x 4] weight (K zero-padded to a multiple of 4) of quantize_w8a8_panels' panels."""
+    panels, k4, columns, four = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(panels * columns, k4 * four)[:n].contiguous()
+
+
+def w8a8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, colsum: torch.Tensor,
+                bias: torch.Tensor | None, gelu: bool, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [M, k] fp32 through the int8 panels of an [n, k] weight, x quantized per row in the kernel
+    (`lib`: the library built for this CPU, or one bound by bind_w8a8)."""
+    panels, k4, columns, four = packed.shape
+    padded = panels * columns
+    if (x.shape[-1] != k or k4 != -(-k // 4) or four != 4 or padded < n or packed.dtype != torch.int8
+            or scale.numel() != padded or colsum.numel() != padded or colsum.dtype != torch.int32
+            or (bias is not None and bias.numel() != padded)):
+        raise ValueError(f"linear_w8a8: x {tuple(x.shape)} does not fit int8 panels {tuple(packed.shape)} for "
+                         f"{n} x {k} (or its scale, column sums or bias are not padded to them)")
+    if x.stride(-1) != 1 or x.dtype != torch.float32:
+        x = x.float().contiguous()
+    y = torch.empty(x.shape[0], n)
+    status = (lib or load_w8a8_linear_kernel()).linear_w8a8(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), scale.data_ptr(), colsum.data_ptr(),
+        bias.data_ptr() if bias is not None else None, int(gelu), y.data_ptr(), x.shape[0], n, k,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError(f"linear_w8a8: no memory to quantize x {tuple(x.shape)}")
     return y
 
 

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -105,9 +106,16 @@ def native_target(compiler: str) -> str:
     return " ".join(kept)
 
 
+def source_texts(source: Path) -> list[str]:
+    """The source and the local headers it includes (`#include "name.h"`, beside it): what the library is built from."""
+    text = source.read_text()
+    headers = re.findall(r'^#include "([^"]+)"', text, flags=re.MULTILINE)
+    return [text, *((source.parent / name).read_text() for name in headers)]
+
+
 def cache_path(source: Path, compiler: str, version: str, flags: tuple[str, ...]) -> Path:
     """Where the library built from `source` with `flags` by this compiler on this CPU is cached."""
-    identity = [source.read_text(), " ".join(flags), compiler, version, cpu_signature(), native_target(compiler)]
+    identity = [*source_texts(source), " ".join(flags), compiler, version, cpu_signature(), native_target(compiler)]
     key = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:16]
     return kernel_cache_dir() / f"{source.stem}-{key}.so"
 
