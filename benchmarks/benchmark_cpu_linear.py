@@ -14,11 +14,12 @@ Two parts, both interleaved (one repeat of each variant in turn), medians:
 - a whole gpt2 fp32 decode step at each batch, context 64, as the engine runs
   it by default (`cpu_linear="auto"`: the small rows on the kernel measured
   fastest at start-up) against every projection on oneDNN (`"onednn"`) and
-  against int8 weights (`quantization="int8"`), each with its floor: its
-  weights and cached K/V read once at the read bandwidth measured in the same
-  round (a quarter of the weight bytes for int8). Greedy tokens of the two fp32
-  engines are checked equal; int8's agreement with them is measured (32
-  prompts, 32 tokens each, random weights) and reported.
+  against int8 weights (`quantization="int8-weight-only"`: fp32 arithmetic) and
+  int8 weights and activations (`quantization="int8"`), each with its floor:
+  its weights and cached K/V read once at the read bandwidth measured in the
+  same round (a quarter of the weight bytes for int8). Greedy tokens of the two
+  fp32 engines are checked equal; each int8 engine's agreement with them is
+  measured (32 prompts, 32 tokens each, random weights) and reported.
 
 Writes results/cpu/cpu_linear.json.
 """
@@ -65,7 +66,9 @@ def best_of(fn, repeats: int, inner: int) -> list[float]:
     return out
 
 
-STEP_VARIANTS = {"onednn": dict(cpu_linear="onednn"), "auto": dict(cpu_linear="auto"), "int8": dict(quantization="int8")}
+STEP_VARIANTS = {"onednn": dict(cpu_linear="onednn"), "auto": dict(cpu_linear="auto"),
+                 "int8-weight-only": dict(quantization="int8-weight-only"), "int8": dict(quantization="int8")}
+INT8 = ("int8-weight-only", "int8")
 CONTEXT = 64
 
 
@@ -78,7 +81,7 @@ def step_bytes(batch: int, weight_bytes: float) -> float:
 
 
 def bench_steps(batches: list[int], repeats: int) -> dict:
-    """A gpt2 decode step per batch: every projection on oneDNN, the engine's default, and int8 weights.
+    """A gpt2 decode step per batch: every projection on oneDNN, the engine's default, and the two int8 kinds.
 
     Each round measures the memory's read bandwidth first and every variant right after, and a step's
     `x_floor` is its time over its bytes at that round's bandwidth: this virtual machine's bandwidth
@@ -89,10 +92,11 @@ def bench_steps(batches: list[int], repeats: int) -> dict:
     prompts = [f"prompt {i}: " + "word " * (i % 7) for i in range(32)]
     tokens = {v: [o.token_ids for o in e.generate(prompts, params)] for v, e in engines.items()}
     assert tokens["onednn"] == tokens["auto"], "the two fp32 engines' greedy tokens differ"
-    int8_agreement = {"identical_requests": agreement(tokens["int8"], tokens["auto"]),
-                      "matching_prefix": matching_prefix(tokens["int8"], tokens["auto"])}
-    print(f"int8 against fp32, {len(prompts)} prompts x 32 greedy tokens: {int8_agreement['identical_requests']:.0%} "
-          f"of requests identical, {int8_agreement['matching_prefix']:.0%} of tokens before the first difference")
+    int8_agreement = {v: {"identical_requests": agreement(tokens[v], tokens["auto"]),
+                          "matching_prefix": matching_prefix(tokens[v], tokens["auto"])} for v in INT8}
+    for v, a in int8_agreement.items():
+        print(f"{v} against fp32, {len(prompts)} prompts x 32 greedy tokens: {a['identical_requests']:.0%} "
+              f"of requests identical, {a['matching_prefix']:.0%} of tokens before the first difference")
     read_bandwidth = read_bandwidth_meter("cpu", torch.float32)
     rows = []
     for batch in batches:
@@ -105,7 +109,7 @@ def bench_steps(batches: list[int], repeats: int) -> dict:
                 bandwidths.append(read_bandwidth())
                 for v in STEP_VARIANTS:
                     ms[v].append(statistics.median(step_times_ms(engines[v], steps[v], 10)))
-                    floor_ms = step_bytes(batch, 1 if v == "int8" else 4) / bandwidths[-1] * 1000
+                    floor_ms = step_bytes(batch, 1 if v in INT8 else 4) / bandwidths[-1] * 1000
                     x_floor[v].append(ms[v][-1] / floor_ms)
         row = {"batch": batch, "context": CONTEXT, "read_bytes_s_runs": bandwidths}
         for v in STEP_VARIANTS:

@@ -4,9 +4,10 @@
     python benchmarks/compare_engines.py     # all engines, 3 interleaved runs, 2 threads
 
 Engines (--engines): roseinfer-fp32, roseinfer-auto (the dtype the engine
-picks for this CPU), roseinfer-int8 (int8 weights, fp32 arithmetic), hf (transformers `generate`), vllm-fp32, vllm-bf16
+picks for this CPU), roseinfer-int8 (int8 weights and activations, as
+CTranslate2's int8), hf (transformers `generate`), vllm-fp32, vllm-bf16
 (vLLM's CPU build), ct2-fp32, ct2-int8 (CTranslate2), llamacpp-f32
-(llama.cpp via llama-cpp-python). A peer whose virtualenv is missing is
+(llama.cpp via llama-cpp-python; its q8_0 GPT-2 crashed where first run). A peer whose virtualenv is missing is
 skipped with a line saying so.
 
 Weights: random GPT-2 124M in HF layout from a seed, converted once per peer
@@ -95,11 +96,11 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
 
 
 def roofline_dtype(engine: str, versions: dict[str, dict]) -> str | None:
-    """Whose ceiling an engine is measured against: fp32 or bf16 (None: int8, no measured ceiling)."""
+    """Whose ceiling an engine is measured against: fp32, bf16 or int8 (None: its precision is unknown)."""
     precision = ENGINES[engine].precision
     if precision == "auto":
         precision = {"float32": "fp32", "bfloat16": "bf16"}.get(versions.get(engine, {}).get("dtype"), "")
-    return precision if precision in ("fp32", "bf16") else None
+    return precision if precision in ("fp32", "bf16", "int8") else None
 
 
 def summarize(args, runs, workloads, versions: dict[str, dict] | None = None) -> dict[str, Any]:
@@ -132,8 +133,8 @@ def report(results: dict[str, Any]) -> None:
     for name, block in results.items():
         print(
             f"\n[{name}] {block['num_requests']} requests, {block['useful_output_tokens']} output tokens; "
-            f"roofline floor {block['roofline_tok_s']['fp32_tok_s']:.0f} tok/s fp32, "
-            f"{block['roofline_tok_s']['bf16_tok_s']:.0f} bf16"
+            "roofline floor " + ", ".join(f"{v:.0f} tok/s {k.removesuffix('_tok_s')}"
+                                          for k, v in block["roofline_tok_s"].items())
         )
         for engine, s in block["engines"].items():
             runs = ", ".join(f"{x:.1f}" for x in s["runs_tok_s"])

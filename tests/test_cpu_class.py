@@ -16,7 +16,7 @@ from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
 
 def test_each_class_caps_aten_onednn_and_roseinfers_kernels():
     env = class_env("avx2")
-    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2",
                    "ROSEINFER_KERNEL_MARCH": "x86-64-v3", "ROSEINFER_CPU_CLASS": "avx2"}
     assert all(set(class_env(name)) == set(env) for name in CLASSES)
     with pytest.raises(ValueError, match="unknown CPU class 'sse2'"):
@@ -69,3 +69,13 @@ def test_a_class_run_writes_its_results_apart(monkeypatch, tmp_path):
     assert results_dir("cpu").name == "cpu"
     monkeypatch.setenv("ROSEINFER_CPU_CLASS", "avx2")
     assert results_dir("cpu").name == "cpu-avx2"  # never over, or beside, the machine's own figures
+
+
+def test_peers_that_cannot_be_capped_are_skipped_under_a_class(monkeypatch, tmp_path):
+    from roseinfer.bench.peers import ENGINES
+
+    monkeypatch.delenv("ROSEINFER_CPU_CLASS", raising=False)
+    assert ENGINES["llamacpp-f32"].missing(tmp_path).startswith(f"{tmp_path / 'llamacpp'} is not installed")
+    monkeypatch.setenv("ROSEINFER_CPU_CLASS", "avx2")
+    assert "cannot be held to the emulated avx2 class" in ENGINES["vllm-fp32"].missing(tmp_path)
+    assert ENGINES["roseinfer-int8"].missing(tmp_path) is None  # roseinfer's and CTranslate2's are capped

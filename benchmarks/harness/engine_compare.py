@@ -52,8 +52,8 @@ def summarize_engine(runs: list[dict[str, Any]], requests: list[dict]) -> dict[s
 
 
 def roofline(config: ModelConfig, requests: list[dict], threads: int, small: bool = False) -> dict[str, float]:
-    """Output tok/s no engine can beat on this CPU, in fp32 and in bf16 (measured peaks; small: see
-    `workload_ceiling_tok_s`)."""
+    """Output tok/s no engine can beat on this CPU, in fp32, bf16 and int8 (int8 weights and products; measured
+    peaks; small: see `workload_ceiling_tok_s`)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -61,5 +61,5 @@ def roofline(config: ModelConfig, requests: list[dict], threads: int, small: boo
     output_lens = [r["max_new_tokens"] for r in requests]
     return {
         f"{name}_tok_s": workload_ceiling_tok_s(config, prompt_lens, output_lens, dtype, small=small)
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8", torch.int8))
     }

@@ -115,15 +115,17 @@ def compare_engines_section(results: Path) -> str:
             "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         )
         floors = "; ".join(
-            f"{w} {_fmt(b['roofline_tok_s']['fp32_tok_s'])} fp32, {_fmt(b['roofline_tok_s']['bf16_tok_s'])} bf16"
+            f"{w} " + ", ".join(f"{_fmt(v)} {k.removesuffix('_tok_s')}" for k, v in b["roofline_tok_s"].items())
             for w, b in m.items()
         )
         parts.append(
             f"Roofline ceiling in output tok/s, the workload run by an ideal engine at the matmul and "
             f"memory-read peaks measured in the same run (`bench/roofline.py`: the best of `torch.mm` and "
             f"oneDNN's packed projection for FLOP/s; for read bandwidth the faster of a sum over 1 GiB "
-            f"and a one-row packed projection through 512 MB of weights): {floors}. Each engine is "
-            f"measured against the ceiling of its own dtype; int8 has none measured."
+            f"and a one-row packed projection through 512 MB of weights; int8: one byte a weight, fp32 K/V, "
+            f"and the int8 products of `torch._int_mm` or roseinfer's int8 kernel, the faster): {floors}. Each "
+            f"engine is measured against the ceiling of its own dtype (a result file from before the int8 "
+            f"ceiling has none for int8)."
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
     return "\n\n".join(parts) or "_no results yet: run the command above_"

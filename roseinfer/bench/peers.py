@@ -27,12 +27,19 @@ class Engine:
     precision: str  # what its weights and matmuls are computed in
     venv: str | None = None  # .peers/<venv>; None: this interpreter (the project's)
     options: dict[str, Any] = field(default_factory=dict)
+    # Whether roseinfer.cpu_class can hold its kernels to a narrower CPU class (vLLM's and llama.cpp's are
+    # compiled for the machine, with no cap to set).
+    class_capped: bool = True
 
     def python(self, peers_dir: Path = PEERS_DIR) -> Path:
         return Path(sys.executable) if self.venv is None else peers_dir / self.venv / "bin" / "python"
 
     def missing(self, peers_dir: Path = PEERS_DIR) -> str | None:
         """Why this engine cannot run here, or None."""
+        from roseinfer.cpu_class import emulated_class
+
+        if emulated_class() and not self.class_capped:
+            return f"its kernels cannot be held to the emulated {emulated_class()} class (roseinfer.cpu_class)"
         # `make peers` stamps a virtualenv only once everything in it is installed.
         if self.venv is None or (peers_dir / self.venv / ".installed").is_file():
             return None
@@ -48,11 +55,11 @@ ENGINES: dict[str, Engine] = {
         # int8 weights, one scale per output channel, fp32 arithmetic (EngineConfig.quantization)
         Engine("roseinfer-int8", "run_roseinfer.py", "hf", "int8", options={"quantization": "int8"}),
         Engine("hf", "run_hf.py", "hf", "fp32"),
-        Engine("vllm-fp32", "run_vllm.py", "hf", "fp32", "vllm", {"dtype": "float32"}),
-        Engine("vllm-bf16", "run_vllm.py", "hf", "bf16", "vllm", {"dtype": "bfloat16"}),
+        Engine("vllm-fp32", "run_vllm.py", "hf", "fp32", "vllm", {"dtype": "float32"}, class_capped=False),
+        Engine("vllm-bf16", "run_vllm.py", "hf", "bf16", "vllm", {"dtype": "bfloat16"}, class_capped=False),
         Engine("ct2-fp32", "run_ct2.py", "ct2-float32", "fp32", "ct2", {"compute_type": "float32"}),
         Engine("ct2-int8", "run_ct2.py", "ct2-int8", "int8", "ct2", {"compute_type": "int8"}),
-        Engine("llamacpp-f32", "run_llamacpp.py", "gguf", "fp32", "llamacpp"),
+        Engine("llamacpp-f32", "run_llamacpp.py", "gguf", "fp32", "llamacpp", class_capped=False),
     )
 }
 REFERENCE = "roseinfer-fp32"  # the exact path: every other engine's greedy tokens are compared with it

@@ -44,30 +44,34 @@ class StepCost:
 
 
 def step_cost(
-    config: ModelConfig, new_tokens: int, attended: float, num_logits: int, elem_bytes: int, kv_read: float
+    config: ModelConfig, new_tokens: int, attended: float, num_logits: int, elem_bytes: int, kv_read: float,
+    weight_bytes: float | None = None,
 ) -> StepCost:
     """One forward pass.
 
     new_tokens: tokens computed this step; attended: sum over them of the
     context each attends to; num_logits: rows that go through the LM head;
-    kv_read: context tokens whose K/V must be read from the cache.
+    kv_read: context tokens whose K/V must be read from the cache; elem_bytes:
+    the K/V's element size, and the weights' unless weight_bytes says (int8 weights: 1).
     """
     e, layers, v = config.n_embd, config.n_layer, config.vocab_size
     matmul_params = 12 * layers * e * e  # qkv, proj, two MLP matrices per layer
     flops = 2 * new_tokens * matmul_params + 2 * num_logits * e * v + 4 * layers * e * attended
-    weight_bytes = (matmul_params + v * e) * elem_bytes
+    weights = (matmul_params + v * e) * (elem_bytes if weight_bytes is None else weight_bytes)
     kv_bytes = 2 * layers * e * elem_bytes * (kv_read + new_tokens)  # read the context, write the new
-    return StepCost(flops, weight_bytes + kv_bytes)
+    return StepCost(flops, weights + kv_bytes)
 
 
-def decode_step_cost(config: ModelConfig, context_lens: Sequence[int], elem_bytes: int) -> StepCost:
+def decode_step_cost(config: ModelConfig, context_lens: Sequence[int], elem_bytes: int,
+                     weight_bytes: float | None = None) -> StepCost:
     total = float(sum(context_lens))
-    return step_cost(config, len(context_lens), total, len(context_lens), elem_bytes, total)
+    return step_cost(config, len(context_lens), total, len(context_lens), elem_bytes, total, weight_bytes)
 
 
-def prefill_cost(config: ModelConfig, prompt_lens: Sequence[int], elem_bytes: int) -> StepCost:
+def prefill_cost(config: ModelConfig, prompt_lens: Sequence[int], elem_bytes: int,
+                 weight_bytes: float | None = None) -> StepCost:
     attended = sum(n * (n + 1) / 2 for n in prompt_lens)
-    return step_cost(config, sum(prompt_lens), attended, len(prompt_lens), elem_bytes, 0.0)
+    return step_cost(config, sum(prompt_lens), attended, len(prompt_lens), elem_bytes, 0.0, weight_bytes)
 
 
 def continuous_batching_floor(
@@ -77,6 +81,7 @@ def continuous_batching_floor(
     max_batch: int,
     elem_bytes: int,
     peaks: dict[str, float],
+    weight_bytes: float | None = None,
 ) -> dict[str, float]:
     """Floor for a whole workload run by an ideal continuous-batching engine.
 
@@ -95,9 +100,9 @@ def continuous_batching_floor(
             if o > 1:
                 running.append([p + 1, o - 1])
         if admitted:
-            total += prefill_cost(config, admitted, elem_bytes).floor_s(peaks)
+            total += prefill_cost(config, admitted, elem_bytes, weight_bytes).floor_s(peaks)
         if running:
-            total += decode_step_cost(config, [c for c, _ in running], elem_bytes).floor_s(peaks)
+            total += decode_step_cost(config, [c for c, _ in running], elem_bytes, weight_bytes).floor_s(peaks)
             steps += 1
             for r in running:
                 r[0] += 1
@@ -116,11 +121,14 @@ def workload_ceiling_tok_s(
 ) -> float:
     """Output tok/s of an ideal engine running the whole workload at once at this device's peaks.
 
+    dtype torch.int8: int8 weights (one byte each) and int8 products at their measured peak, fp32 K/V.
     small=True measures the peaks at token sizes: it exercises the code (tests), its ceiling means nothing.
     """
     peaks = measure_peaks(device, dtype, small)
-    elem_bytes = torch.empty((), dtype=dtype).element_size()
-    floor = continuous_batching_floor(config, prompt_lens, output_lens, len(prompt_lens), elem_bytes, peaks)
+    int8 = dtype == torch.int8
+    elem_bytes = 4 if int8 else torch.empty((), dtype=dtype).element_size()
+    floor = continuous_batching_floor(config, prompt_lens, output_lens, len(prompt_lens), elem_bytes, peaks,
+                                      weight_bytes=1 if int8 else None)
     return sum(output_lens) / floor["floor_s"]
 
 
@@ -146,9 +154,6 @@ def measure_peaks(
     """
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    n = 128 if small else 4096 if cuda else 1536
-    a = torch.randn(n, n, device=dev, dtype=dtype)
-    b = torch.randn(n, n, device=dev, dtype=dtype)
     # Both buffers are larger than any CPU cache (a cached copy would report the cache's speed).
     big = torch.empty((1 if small else 256 if cuda else 1024) << 20, device=dev, dtype=torch.uint8)
     dst = torch.empty_like(big)
@@ -156,6 +161,13 @@ def measure_peaks(
     def best(fn, reps: int) -> float:
         return _best_time(fn, reps, dev)
 
+    copy = {"copy_bytes_s": 2 * big.numel() / best(lambda: dst.copy_(big), 5)}
+    if dtype == torch.int8:  # int8 products (the int8 engines' matmuls); the memory is read as for fp32
+        return {"matmul_flops": max(ops / best(run, 5) for run, ops in _int8_matmul_cases(dev, small)),
+                "mem_bytes_s": read_bandwidth_meter(dev, torch.float32, small)()} | copy
+    n = 128 if small else 4096 if cuda else 1536
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
     flops = [2 * n**3 / best(lambda: torch.mm(a, b), 5)]
     packed = _packed_linear_case(dev, dtype, small)
     if packed is not None:
@@ -164,8 +176,7 @@ def measure_peaks(
     return {
         "matmul_flops": max(flops),
         "mem_bytes_s": read_bandwidth_meter(dev, dtype, small)(),
-        "copy_bytes_s": 2 * big.numel() / best(lambda: dst.copy_(big), 5),
-    }
+    } | copy
 
 
 def _best_time(fn, reps: int, dev: torch.device) -> float:
@@ -263,6 +274,25 @@ def _packed_linear_case(dev: torch.device, dtype: torch.dtype, small: bool):
     weight = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k, dtype=dtype), rows)
     x = torch.randn(rows, k, dtype=dtype)
     return (lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")), 2 * rows * k * n
+
+
+def _int8_matmul_cases(dev: torch.device, small: bool) -> list:
+    """[(run, ops)] of int8 x int8 matmuls, 512 rows x 768 -> 3072 (gpt2's MLP): torch._int_mm (oneDNN), and
+    roseinfer's kernel (linear_w8a8.c, x quantized in the call) where it builds. An int8 product counts as
+    a multiply and an add, as a FLOP does."""
+    rows, k, n = (16, 64, 128) if small else (512, 768, 3072)
+    a = torch.randint(-127, 128, (rows, k), dtype=torch.int8, device=dev)
+    b = torch.randint(-127, 128, (k, n), dtype=torch.int8, device=dev)
+    cases = [(lambda: torch._int_mm(a, b), 2 * rows * k * n)]
+    if dev.type == "cpu":
+        from roseinfer.kernels.cpu.bindings import load_w8a8_linear_kernel, quantize_w8a8_panels, w8a8_linear
+
+        lib = load_w8a8_linear_kernel()
+        if lib is not None:
+            packed, scale, colsum = quantize_w8a8_panels(torch.randn(n, k), lib.linear_w8a8_panel_columns())
+            x = torch.randn(rows, k)
+            cases.append((lambda: w8a8_linear(x, packed, scale, colsum, None, False, n, k), 2 * rows * k * n))
+    return cases
 
 
 def _packed_gemv_case(dev: torch.device, dtype: torch.dtype, small: bool):
