@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from roseinfer import config
-from roseinfer.cpu_class import CLASSES, class_env, main
+from roseinfer.cpu_class import CLASSES, class_env
+from roseinfer.cpu_class.__main__ import main
 from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
 
 

@@ -103,8 +103,10 @@ def compare_engines_section(results: Path) -> str:
         r = read_json(path)
         m, c = r["metrics"], r["config"]
         flags = ", ".join(f for f, present in c["cpu_flags"].items() if present)
+        held = c.get("emulated_class")
+        where = f"**`{path.parent.name}/`**: " + (f"held to the {held} class (roseinfer.cpu_class) on " if held else "")
         parts.append(
-            f"{r['device_name']} [{flags}], {c['threads']} threads, {c['weights']}; median of "
+            f"{where}{r['device_name']} [{flags}], {c['threads']} threads, {c['weights']}; median of "
             f"{c['completed_rounds']} interleaved runs (min–max); {r['date'][:10]}, commit {r['git_commit']}."
         )
         engines = dict.fromkeys(e for block in m.values() for e in block["engines"])
@@ -114,8 +116,11 @@ def compare_engines_section(results: Path) -> str:
             f"{c['reference_engine']} ({' / '.join(m)}) | share of its dtype's roofline ({' / '.join(m)}) |\n"
             "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         )
+        # The ceilings of the dtypes some engine ran in (under the AVX2 class none runs bf16: its ceiling is moot).
+        used = {s.get("roofline_dtype") for b in m.values() for s in b["engines"].values()}
         floors = "; ".join(
-            f"{w} " + ", ".join(f"{_fmt(v)} {k.removesuffix('_tok_s')}" for k, v in b["roofline_tok_s"].items())
+            f"{w} " + ", ".join(f"{_fmt(v)} {k.removesuffix('_tok_s')}" for k, v in b["roofline_tok_s"].items()
+                                if k.removesuffix("_tok_s") in used)
             for w, b in m.items()
         )
         parts.append(
@@ -124,8 +129,7 @@ def compare_engines_section(results: Path) -> str:
             f"oneDNN's packed projection for FLOP/s; for read bandwidth the faster of a sum over 1 GiB "
             f"and a one-row packed projection through 512 MB of weights; int8: one byte a weight, fp32 K/V, "
             f"and the int8 products of `torch._int_mm` or roseinfer's int8 kernel, the faster): {floors}. Each "
-            f"engine is measured against the ceiling of its own dtype (a result file from before the int8 "
-            f"ceiling has none for int8)."
+            f"engine is measured against the ceiling of its own dtype."
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
     return "\n\n".join(parts) or "_no results yet: run the command above_"

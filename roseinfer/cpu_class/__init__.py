@@ -25,7 +25,6 @@ as ratios, and never put a figure taken so beside one from a real machine of tha
 from __future__ import annotations
 
 import os
-import sys
 
 CLASSES = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ROSEINFER_KERNEL_MARCH": "x86-64-v3",
@@ -47,20 +46,3 @@ def class_env(name: str) -> dict[str, str]:
     if name not in CLASSES:
         raise ValueError(f"unknown CPU class {name!r}; known: {', '.join(CLASSES)}")
     return dict(CLASSES[name], ROSEINFER_CPU_CLASS=name)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if args else 2
-    settings = class_env(args[0])
-    command = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
-    if not command:
-        print(" ".join(f"{k}={v}" for k, v in settings.items()))
-        return 0
-    os.execvpe(command[0], command, {**os.environ, **settings})
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
