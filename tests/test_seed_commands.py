@@ -157,7 +157,7 @@ def test_seed_server_generate_and_chat_commands(hf_tiny_dir, tmp_path):
         base = f"http://127.0.0.1:{port}"
         models = httpx.get(base + "/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["gpt2", "roseinfer-gpt2"]
-        assert all(m["root"] == f"roseinfer checkpoint {checkpoint}" for m in models)
+        assert all(m["root"] == str(checkpoint) and m["weights"] == f"roseinfer checkpoint {checkpoint}" for m in models)
         other = {"model": "not-served", "messages": [{"role": "user", "content": "Hi"}]}
         assert httpx.post(base + "/v1/chat/completions", json=other).status_code == 404
     finally:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -159,13 +162,58 @@ def test_64_concurrent_streams_all_complete_correctly(server):
     assert server.manager.stats()["inflight_requests"] == 0
 
 
+# -- what a gateway in front of several replicas reads ------------------------------------------
+def test_every_response_carries_its_request_id_and_the_access_log_names_it(server, caplog):
+    base = server.base_url
+    with caplog.at_level(logging.INFO, logger="roseinfer.access"):
+        given = httpx.get(base + "/health", headers={"X-Request-Id": "gw-42.a_b"})
+        assert given.headers["x-request-id"] == "gw-42.a_b"  # echoed as sent
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 3}
+        minted = httpx.post(base + "/v1/completions", json=body)
+        assert minted.status_code == 200 and re.fullmatch(r"[0-9a-f]{32}", minted.headers["x-request-id"])
+        bad = httpx.post(base + "/v1/completions", json=body, headers={"X-Request-Id": "two words " + "x" * 200})
+        assert re.fullmatch(r"[0-9a-f]{32}", bad.headers["x-request-id"])  # not a short printable token: replaced
+        refused = httpx.post(base + "/v1/completions", json={**body, "model": "not-served"},
+                             headers={"X-Request-Id": "err-1"})
+        assert refused.status_code == 404 and refused.headers["x-request-id"] == "err-1"
+        with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True},
+                          headers={"X-Request-Id": "stream-1"}) as streamed:
+            assert streamed.headers["x-request-id"] == "stream-1"
+            assert [line for line in streamed.iter_lines() if line][-1] == "data: [DONE]"
+    logged = [r.getMessage() for r in caplog.records if r.name == "roseinfer.access"]
+    for rid, status in (("gw-42.a_b", 200), ("err-1", 404), ("stream-1", 200),
+                        (minted.headers["x-request-id"], 200)):
+        assert any(line.endswith(f"request_id={rid}") and f" {status} " in line for line in logged), (rid, logged)
+
+
+def test_models_root_is_where_the_weights_are(server):
+    model = httpx.get(server.base_url + "/v1/models").json()["data"][0]
+    assert model["id"] == MODEL and model["max_model_len"] == server.manager.engine.max_model_len
+    assert (Path(model["root"]) / "config.json").is_file()  # a path a gateway can show; no prose
+    assert model["weights"] == f"HF checkpoint {model['root']}"
+
+
+def test_prefix_cache_hits_and_queries_are_prometheus_counters(server):
+    before = {k: metric(server, f"roseinfer:prefix_cache_{k}_total") for k in ("queries", "hits")}
+    prompt = "A shared system prompt long enough to fill whole blocks of the KV cache, twice over. " * 3
+    for _ in range(2):
+        httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    stats = server.manager.stats()
+    after = {k: metric(server, f"roseinfer:prefix_cache_{k}_total") for k in ("queries", "hits")}
+    assert after["queries"] >= before["queries"] + 2 * len(server.manager.engine.tokenizer.encode(prompt)) - 2
+    assert after["hits"] > before["hits"]  # the second request found the first one's blocks
+    assert (after["queries"], after["hits"]) == (stats["prefix_cache_queries"], stats["prefix_cache_hits"])
+
+
 # -- the other endpoints ----------------------------------------------------------------------
 def test_health_models_and_generate(server):
     base = server.base_url
     assert httpx.get(base + "/health").json() == {"status": "ok"}
     models = httpx.get(base + "/v1/models").json()
     assert models["data"][0]["id"] == MODEL
-    assert "HF checkpoint" in models["data"][0]["root"]
+    # root: where the weights are, as a path a gateway can show (their description has its own field)
+    assert (Path(models["data"][0]["root"]) / "config.json").is_file()
+    assert models["data"][0]["weights"] == f"HF checkpoint {models['data'][0]['root']}"
     assert models["data"][0]["roseinfer"]["random_weights"] is False
     body = {"prompt": "Hello", "max_new_tokens": 8, "stop_on_eos": False}
     out = httpx.post(base + "/generate", json=body).json()

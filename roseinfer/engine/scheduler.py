@@ -54,6 +54,7 @@ class OnlineScheduler:
         self._finished_ids: list[int] = []
         self._ids = itertools.count()
         self._num_steps = 0
+        self._num_generated_tokens = 0  # every sampled token, for a generation rate (a gateway's load report)
         self._last_step: dict[str, int] = {"batch_size": 0, "num_tokens": 0, "num_prompt_tokens": 0}
         self._num_preemptions = 0
         self._last_preempted = False  # the last schedule() preempted someone
@@ -176,6 +177,7 @@ class OnlineScheduler:
             if token is None:
                 continue
             seq.output_token_ids.append(token)
+            self._num_generated_tokens += 1
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             reason = self._finish_reason(seq, token)
@@ -273,6 +275,10 @@ class OnlineScheduler:
     def num_running(self) -> int:
         return len(self._running)
 
+    def num_waiting_tokens(self) -> int:
+        """Tokens the waiting requests still have to prefill (before any prefix-cache hit: an upper bound)."""
+        return sum(seq.num_tokens - seq.num_computed_tokens for seq in self._waiting)
+
     def _get(self, request_id: int) -> Sequence:
         try:
             return self._requests[request_id]
@@ -359,4 +365,5 @@ class OnlineScheduler:
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "num_preemptions": self._num_preemptions,
             "num_steps": self._num_steps,
+            "num_generated_tokens": self._num_generated_tokens,
         }

@@ -40,6 +40,9 @@ class LoadedWeights:
     state_dict: dict[str, torch.Tensor]  # roseinfer names, fp32 or the checkpoint's dtype
     source: str  # "hf-directory" | "hf-cache" | "hf-hub" | "checkpoint" | "random"
     description: str
+    # Where they came from, as a user would name it again: a directory or checkpoint path, a Hub id, or (random
+    # weights) the preset's name. /v1/models gives it as `root`, which a gateway shows as the model's path.
+    location: str = ""
 
     @property
     def is_random(self) -> bool:
@@ -65,7 +68,8 @@ def _read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def load_hf_directory(directory: str | Path, source: str = "hf-directory", label: str = "") -> LoadedWeights:
+def load_hf_directory(directory: str | Path, source: str = "hf-directory", label: str = "",
+                      location: str = "") -> LoadedWeights:
     directory = Path(directory)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -77,7 +81,7 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory", label
         raise ValueError(f"{directory}: {exc}") from None
     config = family.config_from_hf(hf_config)
     state = family.state_dict_from_hf(_read_hf_tensors(directory), config)
-    return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}")
+    return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}", location or str(directory))
 
 
 def save_hf_directory(
@@ -116,7 +120,7 @@ def load_checkpoint(path: str | Path) -> LoadedWeights:
     if payload.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"{path}: checkpoint version {payload.get('version')} is not {CHECKPOINT_VERSION}")
     config = ModelConfig(**payload["model_config"])
-    return LoadedWeights(config, payload["state_dict"], "checkpoint", f"roseinfer checkpoint {path}")
+    return LoadedWeights(config, payload["state_dict"], "checkpoint", f"roseinfer checkpoint {path}", str(path))
 
 
 def random_weights(preset: str, seed: int, why: str = "no checkpoint given") -> LoadedWeights:
@@ -129,6 +133,7 @@ def random_weights(preset: str, seed: int, why: str = "no checkpoint given") -> 
         model.state_dict(),
         "random",
         f"RANDOM weights: preset {preset!r} initialised with seed {seed} ({why})",
+        preset,
     )
 
 
@@ -165,7 +170,7 @@ def load_weights(
                 if found.source == "hf-cache"
                 else f"HF Hub {found.repo_id}, downloaded from {hub.endpoint()} to {found.folder}"
             )
-            return load_hf_directory(found.folder, found.source, label)
+            return load_hf_directory(found.folder, found.source, label, found.repo_id)
     preset = preset_for(name)
     if preset is not None:
         return random_weights(preset, seed, why)

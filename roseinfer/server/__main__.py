@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
+        access_log=False,  # roseinfer.access logs each request instead, with its X-Request-Id
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     # uvicorn re-raises the signal it stopped for once it has shut down; with

@@ -5,7 +5,8 @@
 The app holds the manager, the settings and the metrics on `app.state`; the
 routes (routes_*.py) reach them through FastAPI dependencies. Every error has
 OpenAI's shape (errors.py); streams are server-sent events (sse.py). A client
-that disconnects has its requests aborted and their KV blocks freed.
+that disconnects has its requests aborted and their KV blocks freed. Every
+response carries an X-Request-Id, logged with it (request_id.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from roseinfer.server.dependencies import DEFAULT_MAX_REQUEST_BYTES, ServerSetti
 from roseinfer.server.errors import BodySizeLimit, add_error_handlers
 from roseinfer.server.manager import Manager
 from roseinfer.server.metrics import ServerMetrics
+from roseinfer.server.request_id import RequestId
 from roseinfer.tokenizer import ChatFormatter
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "ServerSettings", "create_app"]
@@ -42,6 +44,7 @@ def create_app(
     app = FastAPI(title="roseinfer", version="0.1.0", lifespan=lifespan)
     app.state.manager, app.state.settings, app.state.metrics = manager, settings, metrics
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestId)  # added last, so outermost: even a refused body gets its id
     add_error_handlers(app)
     app.include_router(routes_misc.open_router)
     for keyed in (routes_misc.router, routes_completions.router, routes_chat.router):

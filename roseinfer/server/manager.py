@@ -42,6 +42,7 @@ from roseinfer.engine.engine import InferenceEngine
 from roseinfer.engine.openmp import release_openmp_workers
 from roseinfer.engine.sequence import RequestMetrics
 from roseinfer.sampling import SamplingParams
+from roseinfer.server.loads import GenerationMarks, generation_rate
 from roseinfer.server.streams import RequestStream, RequestTimings
 
 logger = logging.getLogger("roseinfer.server")
@@ -133,6 +134,7 @@ class SchedulerManager:
         self._wakeup = threading.Event()
         self._pending: list[RequestStream] = []  # queued by callers, not yet in the scheduler
         self._aborts: list[int] = []  # aborted after reaching the scheduler
+        self._generation_marks = GenerationMarks()
         self._stats: dict[str, Any] = self._scheduler_stats()
         self.num_idle_wakeups = 0  # how often the idle worker woke up (notebook 05 counts them)
         self._start_worker()
@@ -299,9 +301,12 @@ class SchedulerManager:
         """Scheduler and KV-pool counters as of the last step (safe from any thread)."""
         stats = self._stats
         waiting = stats["num_waiting"] + len(self._pending)  # queued, not yet handed to the scheduler
+        pending_tokens = sum(len(s.prompt_token_ids or ()) for s in list(self._pending))
         return {
             **stats,
             "num_waiting": waiting,
+            "num_waiting_tokens": stats.get("num_waiting_tokens", 0) + pending_tokens,
+            "generation_throughput": generation_rate(stats.get("generation_marks", ()), time.monotonic()),
             "inflight_requests": len(self._streams),
             "healthy": self.healthy,
         }
@@ -409,13 +414,17 @@ class SchedulerManager:
         return {
             "num_running": self._scheduler.num_running(),
             "num_waiting": self._scheduler.num_waiting(),
+            "num_waiting_tokens": self._scheduler.num_waiting_tokens(),
+            "max_running_requests": self._scheduler.limits.max_batch_size,
             "kv_cache_usage": kv["used_blocks"] / kv["total_blocks"],
             **kv,
         }
 
     def _publish_stats(self) -> None:
+        stats = self._scheduler_stats()
+        stats["generation_marks"] = self._generation_marks.add(time.monotonic(), stats["num_generated_tokens"])
         # Swapping one reference is atomic: readers see the old dict or the new one.
-        self._stats = self._scheduler_stats()
+        self._stats = stats
 
     def _fail(self, exc: BaseException) -> None:
         logger.exception("roseinfer worker failed; every open stream ends with an error", exc_info=exc)

@@ -1,8 +1,9 @@
 """Prometheus metrics, named as vLLM names them (roseinfer: instead of vllm:).
 
-Gauges are read from the manager's last-step snapshot when /metrics is
-scraped; counters and histograms are fed once per finished request, so the
-worker's hot loop does no metrics work per token.
+Gauges, and the prefix cache's counters (the scheduler's running totals), are
+read from the manager's last-step snapshot when /metrics is scraped; the other
+counters and the histograms are fed once per finished request, so the worker's
+hot loop does no metrics work per token.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 
 from roseinfer.engine.sequence import RequestMetrics
 from roseinfer.server.streams import RequestStream
@@ -71,6 +73,24 @@ TOKEN_LATENCY_BUCKETS = (
 )
 
 
+class SnapshotCounters:
+    """Counters whose totals the scheduler keeps (prefix-cache lookups): reported from the snapshot at each scrape,
+    as vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits (exposed with _total)."""
+
+    COUNTERS = (
+        ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+        ("prefix_cache_hits", "Prompt tokens found in the prefix cache (their prefill skipped)"),
+    )
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self):
+        stats = self._stats()
+        for key, text in self.COUNTERS:
+            yield CounterMetricFamily(f"roseinfer:{key}", text, value=float(stats.get(key, 0)))
+
+
 class ServerMetrics:
     def __init__(self, stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
@@ -86,6 +106,7 @@ class ServerMetrics:
             "roseinfer:engine_healthy", "1 while the engine worker can serve, 0 once it failed", registry=r
         )
         healthy.set_function(lambda: float(self._stats().get("healthy", True)))
+        r.register(SnapshotCounters(lambda: self._stats()))
         self.prompt_tokens = Counter("roseinfer:prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("roseinfer:generation_tokens", "Tokens generated", registry=r)
         self.request_success = Counter(

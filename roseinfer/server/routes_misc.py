@@ -1,4 +1,4 @@
-"""The routes around generation: /health and /metrics (no key), /v1/models and roseinfer's /generate."""
+"""The routes around generation: /health, /metrics and /v1/loads (no key), /v1/models and roseinfer's /generate."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from roseinfer.server.dependencies import ManagerDep, MetricsDep, SettingsDep, abort_all, submit_all
 from roseinfer.server.errors import APIError
+from roseinfer.server.loads import load_report
 from roseinfer.server.protocol import GenerateRequest, usage
 from roseinfer.server.sse import (
     CutOnFailureResponse,
@@ -36,6 +37,12 @@ async def prometheus_metrics(metrics: MetricsDep) -> Response:
     return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+@open_router.get("/v1/loads")
+async def loads(manager: ManagerDep) -> dict[str, Any]:
+    """The load a gateway routes on (SMG's schema: loads.py), from the last step's snapshot."""
+    return load_report(manager.stats())
+
+
 @router.get("/v1/models")
 async def models(manager: ManagerDep, settings: SettingsDep) -> dict[str, Any]:
     engine = manager.engine
@@ -47,7 +54,8 @@ async def models(manager: ManagerDep, settings: SettingsDep) -> dict[str, Any]:
                 "object": "model",
                 "created": int(time.time()),
                 "owned_by": "roseinfer",
-                "root": engine.weights.description,
+                "root": engine.weights.location,  # a path or Hub id (a gateway shows it as the model's path)
+                "weights": engine.weights.description,
                 "max_model_len": engine.max_model_len,
                 "roseinfer": engine.describe(),
             }
