@@ -15,7 +15,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.roseinfer-installed
 SERVE_ARGS ?=
 
-.PHONY: install test notebooks lint serve clean
+CLUSTER_ARGS ?= --replicas 2 --model gpt2 --port 8000
+
+.PHONY: install test notebooks lint serve cluster clean
 
 install: $(STAMP)
 
@@ -47,6 +49,10 @@ lint: install
 
 serve: install
 	$(PY) -m roseinfer.server $(SERVE_ARGS)
+
+# N replicas behind SMG on this machine (the cores split between them): make cluster CLUSTER_ARGS="--replicas 4 ..."
+cluster: install
+	$(PY) -m roseinfer.cluster $(CLUSTER_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

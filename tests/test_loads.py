@@ -72,3 +72,33 @@ def test_the_loads_of_a_busy_worker_are_its_own(hf_tiny_dir):
         [after] = httpx.get(base + "/v1/loads").json()["loads"]
         assert after["num_running_reqs"] == after["num_waiting_reqs"] == 0
         assert after["cache_hit_rate"] > 0  # eight copies of one prompt: the later ones found its blocks
+
+
+# The bodies SMG (1.9 source: model_gateway/src/routers/http/request_body.rs and crates/protocols) sends a generic
+# worker after re-serializing a client's request: None fields dropped, max_tokens moved to max_completion_tokens in
+# chat, logprobs / echo / stream / skip_special_tokens always written, floats widened from f32.
+SMG_COMPLETION = {"model": MODEL, "prompt": "hi", "echo": False, "max_tokens": 4, "stream": False,
+                  "skip_special_tokens": True, "temperature": 0.0}
+SMG_CHAT = {"messages": [{"role": "user", "content": "hi"}], "model": MODEL, "logprobs": False,
+            "max_completion_tokens": 4, "stream": False, "temperature": 0.699999988079071, "seed": 7,
+            "skip_special_tokens": True}
+
+
+def test_the_bodies_smg_sends_are_served(hf_tiny_dir):
+    engine = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=64)
+    with make_server(engine) as live:
+        base = live.base_url
+        completion = httpx.post(base + "/v1/completions", json=SMG_COMPLETION)
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["usage"]["completion_tokens"] == 4
+        chat = httpx.post(base + "/v1/chat/completions", json=SMG_CHAT)
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["completion_tokens"] <= 4
+        # a client's streaming request, with the usage chunk SMG's clients ask for
+        streamed = httpx.post(base + "/v1/chat/completions",
+                              json={**SMG_CHAT, "stream": True, "stream_options": {"include_usage": True}})
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        # what no generic worker can honour is still refused clearly, not served wrongly
+        tools = {**SMG_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}
+        refused = httpx.post(base + "/v1/chat/completions", json=tools)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] in ("tools", "tool_choice")

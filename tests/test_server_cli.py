@@ -156,15 +156,41 @@ def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("server did not come up")
 
 
-def test_sigterm_ends_streams_and_exits_zero():
-    # gpt2 (124M) on CPU is slow enough that the stream is still running at SIGTERM.
+def test_sigterm_drains_the_admitted_requests_then_exits_zero():
+    # gpt2 (124M) on CPU takes a while a token: the stream is still running at SIGTERM.
     proc, base = _start_server("--model", "gpt2", "--num-kv-blocks", "64", "--log-level", "warning")
+    try:
+        body = {"model": "gpt2", "prompt": "Hello", "max_tokens": 48, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # the signal is handled on the server's event loop
+            # The socket stays open: a gateway sees the drain and sends new work elsewhere.
+            health = httpx.get(base + "/health", timeout=5)
+            assert health.status_code == 503 and "draining" in health.json()["error"]["message"]
+            refused = httpx.post(base + "/v1/completions", json={**body, "stream": False}, timeout=5)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"  # the admitted stream ran to its end, no error event
+        chunks = [json.loads(line[len("data: "):]) for line in rest[:-1]]
+        assert not any("error" in c for c in chunks) and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=20) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(base + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_drain_that_times_out_ends_what_is_left_and_exits_zero():
+    proc, base = _start_server("--model", "gpt2", "--num-kv-blocks", "64", "--log-level", "warning",
+                               "--drain-timeout", "0.5")
     try:
         body = {"model": "gpt2", "prompt": "Hello", "max_tokens": 500, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
-            first = next(lines)
-            assert first.startswith("data: ")
+            assert next(lines).startswith("data: ")
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]
@@ -172,8 +198,18 @@ def test_sigterm_ends_streams_and_exits_zero():
         assert "shutting down" in json.loads(rest[-2][len("data: ") :])["error"]["message"]
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - sent < 10
-        with pytest.raises(httpx.TransportError):
-            httpx.get(base + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_admin_drain_call_is_a_sigterm(hf_tiny_dir):
+    proc, base = _start_server("--model", str(hf_tiny_dir), "--log-level", "warning", "--api-key", "k")
+    try:
+        assert httpx.post(base + "/admin/drain", timeout=5).status_code == 401  # an admin call needs the key
+        drain = httpx.post(base + "/admin/drain", headers={"Authorization": "Bearer k"}, timeout=5)
+        assert drain.status_code == 202 and drain.json() == {"status": "draining"}
+        assert proc.wait(timeout=20) == 0  # nothing in flight: the drain ends at once, the process exits
     finally:
         if proc.poll() is None:
             proc.kill()

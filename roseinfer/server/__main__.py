@@ -15,10 +15,16 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from roseinfer.cli import add_engine_args, command_parser, engine_from_args, scheduler_options
-from roseinfer.server.app import DEFAULT_MAX_REQUEST_BYTES, ServerSettings, create_app
+from roseinfer.server.app import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    ServerSettings,
+    create_app,
+)
 from roseinfer.server.manager import SchedulerManager
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.tokenizer import ChatFormatter
@@ -54,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     s.add_argument("--log-level", default="info")
+    s.add_argument(
+        "--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="on SIGTERM or POST /admin/drain: seconds to let the admitted requests finish (new ones get 503 "
+        "and /health 503 meanwhile) before the rest end with an error and the process exits",
+    )
     return p
 
 
@@ -97,10 +108,33 @@ def main(argv: list[str] | None = None) -> int:
     manager = app.state.manager
 
     class Server(uvicorn.Server):
+        """uvicorn's server with a drain before its shutdown: the first SIGTERM or SIGINT (or POST /admin/drain)
+        keeps the socket open while the admitted requests finish (up to --drain-timeout), then stops; a second
+        signal stops at once, ending what is left."""
+
+        draining = False
+
+        def begin_drain(self, sig: int = signal.SIGTERM, frame: Any = None) -> None:
+            if self.draining:
+                return
+            self.draining = True
+            logger.info("roseinfer: draining (up to %.0f s): no new requests, finishing the admitted ones",
+                        args.drain_timeout)
+
+            def drain_then_stop() -> None:
+                finished = manager.drain(args.drain_timeout)
+                logger.info("roseinfer: %s; shutting down", "every admitted request finished" if finished
+                            else f"drain timeout ({args.drain_timeout:.0f} s): ending the requests left")
+                manager.close(timeout=2.0)
+                uvicorn.Server.handle_exit(self, sig, frame)
+
+            threading.Thread(target=drain_then_stop, name="roseinfer-drain", daemon=True).start()
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # End open streams first, so that uvicorn's graceful shutdown has
-            # nothing to wait for; then let uvicorn stop accepting and exit.
-            logger.info("roseinfer: signal %d, shutting down", sig)
+            if not self.draining:
+                self.begin_drain(sig, frame)
+                return
+            logger.info("roseinfer: signal %d during the drain, shutting down now", sig)
             manager.close(timeout=2.0)
             super().handle_exit(sig, frame)
 
@@ -115,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn re-raises the signal it stopped for once it has shut down; with
     # this handler in place, a SIGTERM that was handled cleanly exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    Server(config).run()
+    server = Server(config)
+    app.state.begin_drain = server.begin_drain
+    server.run()
     return 0
 
 

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roseinfer.errors import InvalidRequestError
-from roseinfer.server.manager import EngineDeadError, OverloadedError
+from roseinfer.server.manager import DrainingError, EngineDeadError, OverloadedError
 from roseinfer.server.protocol import error_body
 
 logger = logging.getLogger("roseinfer.server")
@@ -59,6 +59,8 @@ def submit_error(exc: Exception) -> APIError:
     if isinstance(exc, OverloadedError):
         # A slot frees up as soon as one request ends: a second is a fair first wait.
         return APIError(429, f"the server is overloaded: {exc}; retry later", headers={"Retry-After": "1"})
+    if isinstance(exc, DrainingError):  # a gateway retries it on another replica at once
+        return APIError(503, str(exc), headers={"Retry-After": "1"})
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc))
     raise exc

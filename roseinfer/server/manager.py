@@ -58,6 +58,10 @@ class EngineDeadError(RuntimeError):
     """The worker has failed or the server is shutting down (HTTP 503)."""
 
 
+class DrainingError(EngineDeadError):
+    """The server is draining: it finishes the requests it admitted and takes no new one (HTTP 503, Retry-After)."""
+
+
 class Manager(Protocol):
     """What the server needs from a manager (SchedulerManager, or a history variant)."""
 
@@ -75,7 +79,12 @@ class Manager(Protocol):
 
     def close(self, timeout: float = 10.0) -> None: ...
 
+    def drain(self, timeout: float) -> bool: ...
+
     def stats(self) -> dict[str, Any]: ...
+
+    @property
+    def draining(self) -> bool: ...
 
     @property
     def healthy(self) -> bool: ...
@@ -117,6 +126,7 @@ class SchedulerManager:
         self._streams: dict[int, RequestStream] = {}  # requests not finished yet
         self._channels: dict[int, RequestStream] = {}  # streams not fully read yet
         self._stopping = False
+        self._draining = False  # drain(): no new request, the admitted ones run to their end
         self._error: BaseException | None = None
         # 0: callers tokenize in their own thread; N: a pool of N threads does, so submit returns at once.
         self.tokenize_workers = tokenize_workers
@@ -181,6 +191,9 @@ class SchedulerManager:
                 raise EngineDeadError(f"the engine worker failed: {self._error!r}")
             if self._stopping:
                 raise EngineDeadError("the server is shutting down")
+            if self._draining:
+                raise DrainingError("the server is draining (finishing its requests before it stops): "
+                                    "send this one to another replica")
             if self.max_inflight_requests is not None and len(self._streams) >= self.max_inflight_requests:
                 raise OverloadedError(
                     f"{len(self._streams)} requests in flight, the limit is {self.max_inflight_requests}"
@@ -282,6 +295,24 @@ class SchedulerManager:
 
     def _after_abort(self) -> None:
         self._wakeup.set()
+
+    def drain(self, timeout: float) -> bool:
+        """Take no new request, and wait until every admitted one has been read to its end by its consumer
+        (True), or `timeout` seconds (False: what is left is for close() to end). The worker keeps stepping."""
+        with self._lock:
+            self._draining = True
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._streams and not self._channels:
+                    return True
+            if time.monotonic() >= deadline or not self.healthy:
+                return False
+            time.sleep(0.02)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the worker, end every open stream, join."""

@@ -1,4 +1,5 @@
-"""The routes around generation: /health, /metrics and /v1/loads (no key), /v1/models and roseinfer's /generate."""
+"""The routes around generation: /health, /metrics and /v1/loads (no key); /v1/models, /admin/drain and
+roseinfer's /generate."""
 
 from __future__ import annotations
 
@@ -26,10 +27,20 @@ router = APIRouter()
 
 @open_router.get("/health")
 async def health(manager: ManagerDep) -> Response:
+    if manager.draining and manager.healthy:  # a gateway stops sending here; what runs still finishes
+        return APIError(503, "draining: finishing the requests it has, taking no new ones",
+                        headers={"Retry-After": "1"}).response()
     if not manager.healthy:
         reason = manager.error or "the server is shutting down"
         return APIError(503, f"unhealthy: {reason!r}").response()
     return JSONResponse({"status": "ok"})
+
+
+@router.post("/admin/drain", status_code=202)
+async def drain(request: Request) -> dict[str, Any]:
+    """Stop as SIGTERM does: take no new request, finish the admitted ones, then exit (python -m roseinfer.server)."""
+    request.app.state.begin_drain()
+    return {"status": "draining"}
 
 
 @open_router.get("/metrics")
