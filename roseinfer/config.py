@@ -1,7 +1,7 @@
 """Model presets and engine settings.
 
-`ModelConfig` describes a GPT-2 architecture (it is what a checkpoint's
-config.json holds); `EngineConfig` describes how the engine runs it (device,
+`ModelConfig` describes an architecture of one of the families in
+roseinfer.models.registry (it is what a checkpoint's config.json holds); `EngineConfig` describes how the engine runs it (device,
 dtype, KV pool, batching limits). Both are plain dataclasses so a notebook can
 print them and a benchmark can write them into its result file.
 """
@@ -42,8 +42,22 @@ class ModelConfig:
     family: str = "gpt2"
     n_kv_head: int = 0  # 0: n_head (multi-head attention)
     head_dim: int = 0  # 0: n_embd // n_head
+    # The Llama family's (roseinfer.models.llama); GPT-2 leaves them at their defaults.
+    intermediate_size: int = 0  # the MLP's hidden width; 0: 4 * n_embd
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # config.json's rope_scaling, as sorted items
+    tie_word_embeddings: bool = True  # the LM head is the token embedding
+    attention_bias: bool = False  # biases on q, k and v (Qwen2 has them)
+    stop_token_ids: tuple[int, ...] = ()  # ends of turn besides eos_token_id (generation_config.json)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # as config.json and asdict() hold it
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        elif self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", tuple(tuple(item) for item in self.rope_scaling))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not self.intermediate_size:
+            object.__setattr__(self, "intermediate_size", 4 * self.n_embd)
         if not self.head_dim:
             if self.n_embd % self.n_head:
                 raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
@@ -62,6 +76,32 @@ PRESETS: dict[str, ModelConfig] = {
     "distilgpt2": ModelConfig(n_embd=768, n_layer=6, n_head=12),
     # GPT-2's vocabulary and context with a toy body: fast enough for CPU tests and CI notebooks.
     "gpt2-tiny": ModelConfig(n_embd=64, n_layer=2, n_head=4),
+    # The Llama family (RoPE, RMSNorm, grouped-query attention, gated SiLU MLP), as their config.json say.
+    "smollm2-135m": ModelConfig(
+        n_embd=576, n_layer=30, n_head=9, n_kv_head=3, intermediate_size=1536, n_positions=8192,
+        vocab_size=49152, layer_norm_epsilon=1e-5, eos_token_id=0, family="llama", rope_theta=100000.0,
+    ),
+    "smollm2-360m": ModelConfig(
+        n_embd=960, n_layer=32, n_head=15, n_kv_head=5, intermediate_size=2560, n_positions=8192,
+        vocab_size=49152, layer_norm_epsilon=1e-5, eos_token_id=0, family="llama", rope_theta=100000.0,
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        n_embd=896, n_layer=24, n_head=14, n_kv_head=2, intermediate_size=4864, n_positions=32768,
+        vocab_size=151936, layer_norm_epsilon=1e-6, eos_token_id=151643, family="qwen2", rope_theta=1000000.0,
+        attention_bias=True,
+    ),
+    "llama-3.2-1b": ModelConfig(
+        n_embd=2048, n_layer=16, n_head=32, n_kv_head=8, intermediate_size=8192, n_positions=131072,
+        vocab_size=128256, layer_norm_epsilon=1e-5, eos_token_id=128001, family="llama", rope_theta=500000.0,
+        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                      ("original_max_position_embeddings", 8192), ("rope_type", "llama3")),
+        stop_token_ids=(128008, 128009),
+    ),
+    # A toy Llama on GPT-2's vocabulary (so the embedded BPE tokenizes for it offline): tests and CI.
+    "llama-tiny": ModelConfig(
+        n_embd=64, n_layer=2, n_head=4, n_kv_head=2, intermediate_size=128, n_positions=1024,
+        family="llama", tie_word_embeddings=False,
+    ),
 }
 
 # The Hugging Face Hub ids a preset name resolves to (local cache, then download), canonical id first.
@@ -71,6 +111,10 @@ PRESET_HF_IDS: dict[str, tuple[str, ...]] = {
     "gpt2-large": ("openai-community/gpt2-large", "gpt2-large"),
     "gpt2-xl": ("openai-community/gpt2-xl", "gpt2-xl"),
     "distilgpt2": ("distilbert/distilgpt2", "distilgpt2"),
+    "smollm2-135m": ("HuggingFaceTB/SmolLM2-135M",),
+    "smollm2-360m": ("HuggingFaceTB/SmolLM2-360M",),
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B",),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B",),
 }
 
 

@@ -129,12 +129,12 @@ class RequestText(TextStream):
     the scheduler itself never detokenizes.
     """
 
-    def __init__(self, tokenizer: GPT2Tokenizer, params: SamplingParams, eos_token_id: int) -> None:
+    def __init__(self, tokenizer: GPT2Tokenizer, params: SamplingParams, eos_token_ids: frozenset[int]) -> None:
         super().__init__(tokenizer, params.stop)
         self._params = params
-        self._eos_token_id = eos_token_id
+        self._eos_token_ids = eos_token_ids
 
     def push(self, token_id: int) -> str:
-        if self._params.is_eos_stop(token_id, self._eos_token_id):
+        if self._params.is_eos_stop(token_id, self._eos_token_ids):
             return ""  # EOS ends the text; it is counted as generated, never shown
         return super().push(token_id)

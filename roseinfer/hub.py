@@ -34,6 +34,8 @@ SHARDED_INDEX = "model.safetensors.index.json"
 # What a cached snapshot may hold (older downloads of transformers left pytorch_model.bin).
 MODEL_FILE_SETS = (MODEL_FILES, ("config.json", SHARDED_INDEX), ("config.json", "pytorch_model.bin"))
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+# Beside the weights when a repository has them: the tokenizer, its chat template, the end-of-turn ids.
+COMPANION_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 class HubUnavailable(RuntimeError):
@@ -142,16 +144,22 @@ def download(repo_id: str, filenames: list[str], offline: bool = False) -> Path:
 
 
 def download_model(repo_id: str, offline: bool = False) -> Path:
-    """config.json and the safetensors weights (single file, else the shards of the index)."""
+    """config.json and the safetensors weights (single file, else the shards of the index), and the
+    COMPANION_FILES the repository has."""
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        return download(repo_id, list(MODEL_FILES), offline)
+        folder = download(repo_id, list(MODEL_FILES), offline)
     except EntryNotFoundError:  # no single file: a sharded checkpoint
-        pass
-    folder = download(repo_id, ["config.json", SHARDED_INDEX], offline)
-    shards = sorted(set(json.loads((folder / SHARDED_INDEX).read_text())["weight_map"].values()))
-    return download(repo_id, shards, offline)
+        folder = download(repo_id, ["config.json", SHARDED_INDEX], offline)
+        shards = sorted(set(json.loads((folder / SHARDED_INDEX).read_text())["weight_map"].values()))
+        download(repo_id, shards, offline)
+    for name in COMPANION_FILES:
+        try:
+            download(repo_id, [name], offline)
+        except (EntryNotFoundError, NotOnHub):
+            continue
+    return folder
 
 
 def download_tokenizer(repo_id: str, offline: bool = False) -> Path:

@@ -82,9 +82,10 @@ class SamplingParams:
                 f"top_k must be at most the vocabulary size ({vocab_size}), got {self.top_k}", "top_k"
             )
 
-    def is_eos_stop(self, token_id: int, eos_token_id: int) -> bool:
-        """Whether this token ends the request as EOS: counted as generated, never shown as text."""
-        return self.stop_on_eos and token_id == eos_token_id
+    def is_eos_stop(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
+        """Whether this token ends the request as EOS (the model's end-of-text or end-of-turn ids):
+        counted as generated, never shown as text."""
+        return self.stop_on_eos and token_id in eos_token_ids
 
     @property
     def greedy(self) -> bool:

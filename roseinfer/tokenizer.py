@@ -117,8 +117,10 @@ class GPT2Tokenizer:
         for token, token_id in self._vocab.items():
             if all(c in byte_of_char for c in token):
                 table[token_id] = bytes(byte_of_char[c] for c in token)
-            else:  # an added token written in plain text
-                table[token_id] = token.encode("utf-8")
+            elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # SentencePiece byte fallback
+                table[token_id] = bytes([int(token[3:5], 16)])
+            else:  # an added token written in plain text; SentencePiece's "▁" is a space
+                table[token_id] = token.replace("\u2581", " ").encode("utf-8")
         return table
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -145,23 +147,82 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 class ChatFormatter:
-    """Renders chat messages into one prompt string with a Jinja template."""
+    """Renders chat messages into one prompt string with a Jinja template (HF chat templates' variables)."""
 
-    def __init__(self, template: str = DEFAULT_CHAT_TEMPLATE, source: str = "default") -> None:
+    def __init__(self, template: str = DEFAULT_CHAT_TEMPLATE, source: str = "default", bos_token: str = EOS_TEXT,
+                 eos_token: str = EOS_TEXT) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.source = source
         self.template_text = template
-        self._template = ImmutableSandboxedEnvironment().from_string(template)
+        self.bos_token, self.eos_token = bos_token, eos_token
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders them
+        env.globals.update(raise_exception=_raise_template_error, strftime_now=_strftime_now)
+        self._template = env.from_string(template)
 
     @classmethod
     def from_file(cls, path: str | Path) -> ChatFormatter:
         return cls(Path(path).read_text(encoding="utf-8"), source=str(path))
 
+    @classmethod
+    def for_checkpoint(cls, folder: str | Path) -> ChatFormatter | None:
+        """The chat template of a Hugging Face checkpoint (tokenizer_config.json's `chat_template`, or a
+        chat_template.jinja beside it), with its BOS and EOS strings; None when it has none."""
+        folder = Path(folder)
+        config_file = folder / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        if not template:
+            return None
+        formatter = cls(template, f"{folder.name} chat template", _token_text(config.get("bos_token")),
+                        _token_text(config.get("eos_token")))
+        # A template that writes BOS itself, for a tokenizer that adds it to every text (Llama 3): render it
+        # without, as transformers' apply_chat_template does, or the prompt would begin with two.
+        formatter.strip_bos = formatter.bos_token != "" and _tokenizer_adds_bos(folder, formatter.bos_token)
+        return formatter
+
+    strip_bos = False
+
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self._template.render(
+        text = self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
-            eos_token=EOS_TEXT,
-            bos_token=EOS_TEXT,
+            eos_token=self.eos_token,
+            bos_token=self.bos_token,
         )
+        return text.removeprefix(self.bos_token) if self.strip_bos else text
+
+
+def _tokenizer_adds_bos(folder: Path, bos_token: str) -> bool:
+    """Whether the folder's tokenizer.json puts `bos_token` before every text it encodes."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return False
+    processor = json.loads(path.read_text(encoding="utf-8")).get("post_processor") or {}
+    steps = processor.get("processors", [processor])  # a Sequence of processors, or one
+    return any(
+        step.get("type") == "TemplateProcessing" and step.get("single")
+        and step["single"][0].get("SpecialToken", {}).get("id") == bos_token
+        for step in steps
+    )
+
+
+def _token_text(token: str | dict | None) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    return (token.get("content", "") if isinstance(token, dict) else token) or ""
+
+
+def _raise_template_error(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    from datetime import datetime
+
+    return datetime.now().strftime(format)

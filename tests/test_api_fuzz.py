@@ -45,7 +45,9 @@ def api_schema(fuzzed_server):
     return schema
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+# POST /admin/drain is meant to take the server out of service (tests/test_drain.py and test_server_cli.py test
+# it); fuzzed, its first accepted call would fail every later case's health check.
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(path="/admin/drain")
 
 
 @schema.parametrize()

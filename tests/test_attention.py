@@ -16,10 +16,12 @@ from roseinfer.attention.torch_ref import TorchPagedAttention
 from roseinfer.kernels.cpu import bindings
 
 
-def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float32):
+def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float32, kv_heads=None):
     """seqs: [(context_len, query_len)]. Random K/V for every context token, scattered
     over shuffled blocks; the last query_len tokens of each sequence are the new ones.
-    Every other slot holds a large poison value that must never reach the output."""
+    Every other slot holds a large poison value that must never reach the output.
+    kv_heads: the cache's heads (grouped-query attention), each read by heads / kv_heads query heads."""
+    query_heads, heads = heads, kv_heads or heads
     num_blocks = sum(-(-c // block_size) for c, _ in seqs) + 3
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -35,7 +37,7 @@ def build_case(seqs, block_size, heads=4, head_dim=16, seed=0, dtype=torch.float
         v = torch.randn(ctx, heads, head_dim, generator=gen, dtype=dtype)
         keys.append(k)
         values.append(v)
-        queries.append(torch.randn(q_len, heads, head_dim, generator=gen, dtype=dtype))
+        queries.append(torch.randn(q_len, query_heads, head_dim, generator=gen, dtype=dtype))
         for t in range(ctx):
             b, o = table[t // block_size], t % block_size
             if t < ctx - q_len:  # the cached prefix is already in the cache
@@ -69,6 +71,8 @@ def contiguous_reference(queries, keys, values, scale):
     outs = []
     for q, k, v in zip(queries, keys, values):
         ctx, q_len = k.shape[0], q.shape[0]
+        group = q.shape[1] // k.shape[1]  # query head h reads KV head h // group (transformers' repeat_kv)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - q_len, ctx)[:, None]
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).double(),
@@ -103,6 +107,39 @@ def test_paged_equals_contiguous(case, block_size, backend):
     assert out.shape == q.shape
     assert torch.isfinite(out).all()
     assert (out.double() - expected).abs().max() <= 1e-5
+
+
+GQA_SHAPES = [(8, 2, 16), (9, 3, 64), (6, 1, 128), (32, 8, 64)]  # (query heads, KV heads, head_dim)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", GQA_SHAPES)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_query_attention_equals_contiguous(case, heads, kv_heads, head_dim, backend, threads, monkeypatch):
+    """Each query head reads its KV head's keys and values, however the kernel cuts the step."""
+    monkeypatch.setattr(cpu_attention, "SPLIT_ABOVE_ROW_TOKENS", 0)  # always split when threads > 1
+    q, k, v, k_cache, v_cache, meta, seqs = build_case(CASES[case], 16, heads=heads, head_dim=head_dim,
+                                                       kv_heads=kv_heads, seed=heads)
+    attention = CpuPagedAttention(num_threads=threads) if backend == "cpu" else TorchPagedAttention()
+    out = attention.forward(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+    assert out.shape == q.shape
+    assert (out.double() - contiguous_reference(*seqs, head_dim**-0.5)).abs().max() <= 1e-5
+    assert torch.equal(k_cache.view(-1, kv_heads, head_dim)[meta.slot_mapping], k)  # new K/V in their slots
+    assert torch.equal(v_cache.view(-1, kv_heads, head_dim)[meta.slot_mapping], v)
+
+
+def test_grouped_query_decode_goes_through_the_kernel_and_bf16_matches(monkeypatch):
+    calls = []
+    real = TorchPagedAttention.forward
+    monkeypatch.setattr(TorchPagedAttention, "forward", lambda *a: calls.append(1) or real(*a))
+    q, k, v, k_cache, v_cache, meta, _ = build_case([(300, 1)] * 3 + [(17, 1)], 16, heads=9, head_dim=64,
+                                                    kv_heads=3, dtype=torch.bfloat16)
+    fused = CpuPagedAttention(num_threads=2).forward(q, k, v, k_cache, v_cache, meta, 0.125)
+    assert not calls  # GQA is the kernel's, not a fallback
+    q32, k32, v32, kc32, vc32 = (t.float() for t in (q, k, v, k_cache, v_cache))
+    reference = TorchPagedAttention().forward(q32, k32, v32, kc32, vc32, meta, 0.125)
+    assert (fused.float() - reference).abs().max() <= 2e-2  # the output's own bf16 rounding
 
 
 @pytest.mark.parametrize("backend, case", [("torch", "mixed"), ("cpu", "decode"), ("cpu", "mixed")])

@@ -56,7 +56,8 @@ def test_download_from_hub_endpoint_gives_hf_greedy_tokens(hub, tmp_path):
     engine = InferenceEngine.from_pretrained("someorg/tiny-gpt2", num_kv_blocks=32)
     assert engine.weights.source == "hf-hub"
     assert "downloaded from" in engine.weights.description
-    assert hub.files_fetched("someorg/tiny-gpt2") == {"config.json", "model.safetensors"}
+    # the weights, and of the companions (tokenizer, chat template, end-of-turn ids) the one this repository has
+    assert hub.files_fetched("someorg/tiny-gpt2") == {"config.json", "model.safetensors", "generation_config.json"}
     assert (tmp_path / "cache" / "models--someorg--tiny-gpt2").is_dir()
     ids, ours = _greedy(engine)
     assert ours == hf_greedy(hub.model, ids, 10)

@@ -233,7 +233,7 @@ def test_the_scheduler_is_a_policy_that_runs_without_a_model():
     from roseinfer.engine.sequence import Request
 
     eos = 99
-    scheduler = OnlineScheduler(BlockManager(8, 4), SchedulerLimits(max_num_batched_tokens=6), eos)
+    scheduler = OnlineScheduler(BlockManager(8, 4), SchedulerLimits(max_num_batched_tokens=6), frozenset({eos}))
     a = scheduler.add_request(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=3)))
     b = scheduler.add_request(Request([6, 7], SamplingParams(max_new_tokens=5)))
     first = scheduler.schedule()

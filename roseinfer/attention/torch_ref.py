@@ -52,20 +52,22 @@ class TorchPagedAttention:
     def forward(
         self,
         query: torch.Tensor,  # [T, H, D]
-        key: torch.Tensor,
+        key: torch.Tensor,  # [T, kv_heads, D]: kv_heads divides H (grouped-query attention)
         value: torch.Tensor,
-        k_cache: torch.Tensor,  # [num_blocks, block_size, H, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, D]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        heads, head_dim = query.shape[1:]
+        kv_heads, head_dim = k_cache.shape[2:]  # fewer than the query's heads under grouped-query attention
         plan = self.plan(meta, k_cache.shape[1], query.shape[0])
         batch = meta.num_seqs
         q = query[plan["q_index"]].transpose(1, 2)  # [B, H, Q, D]
-        gathered = (batch, meta.max_context_len, heads, head_dim)
-        k = k_cache.view(-1, heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
-        v = v_cache.view(-1, heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)
+        gathered = (batch, meta.max_context_len, kv_heads, head_dim)
+        k = k_cache.view(-1, kv_heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
+        v = v_cache.view(-1, kv_heads, head_dim).index_select(0, plan["k_slots"]).view(gathered).transpose(1, 2)
+        # enable_gqa: query head h reads K/V head h // (H / kv_heads), as transformers' repeat_kv lays them out
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale,
+                                             enable_gqa=kv_heads != query.shape[1])
         return out.transpose(1, 2)[plan["q_valid"]]  # back to packed [T, H, D]

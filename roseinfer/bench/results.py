@@ -50,11 +50,15 @@ def device_name(device: str | torch.device = "cpu") -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
     except OSError:
-        pass
+        fields = {}
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "model name" in fields:
+        # A virtual machine's processor name can be as bare as "AMD EPYC": its family and model tell two
+        # generations apart (AMD family 25 is Zen 3/4, 26 is Zen 5), whose figures must not be compared.
+        generation = f" family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+        return f"{fields['model name']}{generation} ({torch.get_num_threads()} threads)"
     return platform.processor() or platform.machine() or "cpu"
 
 

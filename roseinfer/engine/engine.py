@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from roseinfer import hub
 from roseinfer.attention.registry import default_attention_backend, make_attention_backend
 from roseinfer.config import EngineConfig, ModelConfig, resolve_dtype
 from roseinfer.detokenizer import RequestText
@@ -86,14 +87,20 @@ class InferenceEngine:
             self.runner.enable_compiled_decode()
             seconds = self.runner.compiled.warm_up()
             logger.info("roseinfer: decode step compiled in %.1f s (batch 1 and batch > 1)", seconds)
+        c = weights.config
+        heads = f"{c.n_kv_head} KV heads for {c.n_head} query heads" if c.n_kv_head != c.n_head else f"{c.n_head} heads"
         logger.info(
-            "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens | %s attention%s",
+            "roseinfer: %s | %.1fM parameters, %s on %s | KV pool %d blocks x %d tokens = %d tokens (%s, %d bytes "
+            "a token) | %s attention%s",
             weights.description,
             num_parameters(weights.config) / 1e6,
             str(self.dtype).removeprefix("torch."),
             self.device,
             num_blocks,
             config.block_size,
+            num_blocks * config.block_size,
+            heads,
+            kv_cache_bytes_per_block(c, 1, self.dtype),
             backend,
             f", CUDA graphs for batches up to {config.max_batch_size}" if use_graphs else "",
         )
@@ -122,7 +129,7 @@ class InferenceEngine:
             seed=engine_config.seed,
             offline=engine_config.offline,
         )
-        tokenizer = GPT2Tokenizer.from_pretrained(engine_config.tokenizer_name, offline=engine_config.offline)
+        tokenizer = GPT2Tokenizer.from_pretrained(_tokenizer_name(engine_config, weights), offline=engine_config.offline)
         return cls(weights, engine_config, tokenizer)
 
     def _default_num_blocks(self, model_config: ModelConfig) -> int:
@@ -146,6 +153,11 @@ class InferenceEngine:
     @property
     def eos_token_id(self) -> int:
         return self.model_config.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends a request as EOS: end-of-text and the model's end-of-turn ids (Llama 3's <|eot_id|>)."""
+        return frozenset((self.model_config.eos_token_id, *self.model_config.stop_token_ids))
 
     @property
     def max_model_len(self) -> int:
@@ -173,6 +185,9 @@ class InferenceEngine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "num_kv_blocks": self.num_kv_blocks,
             "block_size": self.config.block_size,
+            # the tokens the KV pool holds: n_head / n_kv_head times more under grouped-query attention
+            "kv_cache_tokens": self.num_kv_blocks * self.config.block_size,
+            "kv_bytes_per_token": kv_cache_bytes_per_block(self.model_config, 1, self.dtype),
             "attention_backend": self.attention_backend,
             # Whether a kernel reads K/V in place through the block table (the cpu backend's C
             # kernel may be missing: no compiler), rather than gathering them first.
@@ -255,7 +270,7 @@ class InferenceEngine:
         `scheduler_class` takes an earlier policy from roseinfer.history, for the notebooks.
         """
         return scheduler_class(
-            self.block_manager, SchedulerLimits.from_config(self.config, **limits), self.eos_token_id
+            self.block_manager, SchedulerLimits.from_config(self.config, **limits), self.eos_token_ids
         )
 
     def add_request(
@@ -271,7 +286,7 @@ class InferenceEngine:
 
     def request_text(self, params: SamplingParams) -> RequestText:
         """The text owner of one request (EOS hidden, stop strings honoured)."""
-        return RequestText(self.tokenizer, params, self.eos_token_id)
+        return RequestText(self.tokenizer, params, self.eos_token_ids)
 
     # -- stepping --------------------------------------------------------------------------
     def step(self, scheduler: OnlineScheduler) -> dict[int, int]:
@@ -410,3 +425,18 @@ def _check_progress(scheduler: OnlineScheduler, produced: dict[int, int]) -> Non
     # scheduler on the same engine must hold it. Waiting would never end.
     if not produced and scheduler.num_running() == 0 and scheduler.has_unfinished():
         raise RuntimeError("the KV pool is held by another scheduler on this engine")
+
+
+def _tokenizer_name(config: EngineConfig, weights: LoadedWeights) -> str | None:
+    """The tokenizer asked for; else the checkpoint's own (tokenizer.json beside the weights); else None, the
+    embedded GPT-2 BPE, which only the GPT-2 family was trained on (said loudly for any other)."""
+    if config.tokenizer_name:
+        return config.tokenizer_name
+    folder = Path(weights.folder) if weights.folder else None
+    if folder and any(all((folder / f).is_file() for f in files) for files in hub.TOKENIZER_FILE_SETS):
+        return str(folder)
+    if weights.config.family != "gpt2":
+        logger.warning(
+            "roseinfer: no tokenizer beside the %s weights (%s): using GPT-2's BPE, whose ids mean nothing to this "
+            "model; pass --tokenizer-name (a directory or Hub id) for real text", weights.config.family, weights.location)
+    return None

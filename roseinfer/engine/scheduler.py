@@ -44,10 +44,10 @@ from roseinfer.errors import InvalidRequestError
 
 
 class OnlineScheduler:
-    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_id: int) -> None:
+    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_ids: frozenset[int]) -> None:
         self._blocks = block_manager
         self.limits = limits
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)  # end-of-text, and the model's end-of-turn ids
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order
         self._requests: dict[int, Sequence] = {}
@@ -245,7 +245,7 @@ class OnlineScheduler:
             seq.block_hashes.append(h)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if seq.params.is_eos_stop(token, self.eos_token_id):
+        if seq.params.is_eos_stop(token, self.eos_token_ids):
             return "stop"
         if len(seq.output_token_ids) >= seq.params.max_new_tokens:
             return "length"

@@ -66,6 +66,8 @@ TEACHING_SEAMS: list[str] = [
     "roseinfer.config.resolve_dtype",
     "roseinfer.models.packed_linear.PackedLinear.forward",
     "roseinfer.models.packed_linear.bf16_kernel_wanted",
+    # notebook 13: the load report a gateway routes on
+    "roseinfer.server.loads.load_report",
 ]
 
 MANAGER_VARIANTS: dict[str, type[Manager]] = {

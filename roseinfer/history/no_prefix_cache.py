@@ -19,9 +19,9 @@ from roseinfer.engine.sequence import RequestStatus, Sequence
 class NoPrefixCacheScheduler(OnlineScheduler):
     variant = "no-prefix-cache"
 
-    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_id: int) -> None:
+    def __init__(self, block_manager: BlockManager, limits: SchedulerLimits, eos_token_ids: frozenset[int]) -> None:
         # update() registers full blocks only when the cache is on: off, nothing is ever found.
-        super().__init__(block_manager, dataclasses.replace(limits, enable_prefix_cache=False), eos_token_id)
+        super().__init__(block_manager, dataclasses.replace(limits, enable_prefix_cache=False), eos_token_ids)
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting request its blocks; returns the tokens it computes now (0: not now)."""

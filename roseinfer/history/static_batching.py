@@ -81,6 +81,6 @@ class StaticBatchGenerator:
         return outputs
 
     def _finished(self, output: list[int], params: SamplingParams) -> bool:
-        if params.is_eos_stop(output[-1], self.engine.eos_token_id):
+        if params.is_eos_stop(output[-1], self.engine.eos_token_ids):
             return True
         return len(output) >= params.max_new_tokens

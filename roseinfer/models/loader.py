@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -43,6 +43,8 @@ class LoadedWeights:
     # Where they came from, as a user would name it again: a directory or checkpoint path, a Hub id, or (random
     # weights) the preset's name. /v1/models gives it as `root`, which a gateway shows as the model's path.
     location: str = ""
+    # The Hugging Face directory they were read from (its tokenizer and chat template live there too); "" else.
+    folder: str = ""
 
     @property
     def is_random(self) -> bool:
@@ -79,9 +81,22 @@ def load_hf_directory(directory: str | Path, source: str = "hf-directory", label
         family = model_family(hf_config.get("model_type", "gpt2"))
     except ValueError as exc:
         raise ValueError(f"{directory}: {exc}") from None
-    config = family.config_from_hf(hf_config)
+    config = _with_generation_config(family.config_from_hf(hf_config), directory)
     state = family.state_dict_from_hf(_read_hf_tensors(directory), config)
-    return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}", location or str(directory))
+    return LoadedWeights(config, state, source, label or f"HF checkpoint {directory}", location or str(directory),
+                         str(directory))
+
+
+def _with_generation_config(config: ModelConfig, directory: Path) -> ModelConfig:
+    """The end-of-text and end-of-turn ids of generation_config.json (an instruct model's <|im_end|> or
+    <|eot_id|>, which config.json may not list), added to config.json's."""
+    path = directory / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    if eos is None:
+        return config
+    ids = [eos] if isinstance(eos, int) else list(eos)
+    stops = tuple(dict.fromkeys([*config.stop_token_ids, *ids]))
+    return replace(config, stop_token_ids=tuple(i for i in stops if i != config.eos_token_id))
 
 
 def save_hf_directory(

@@ -5,8 +5,9 @@ from __future__ import annotations
 from roseinfer.config import ModelConfig
 from roseinfer.models.base import ModelFamily
 from roseinfer.models.gpt2 import GPT2
+from roseinfer.models.llama import Llama, Qwen2
 
-MODEL_FAMILIES: dict[str, ModelFamily] = {GPT2.model_type: GPT2}
+MODEL_FAMILIES: dict[str, ModelFamily] = {family.model_type: family for family in (GPT2, Llama, Qwen2)}
 
 
 def model_family(name: str) -> ModelFamily:

@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def chat_formatter(template_file: str | None, checkpoint_folder: str) -> ChatFormatter:
+    """--chat-template's file; else the checkpoint's own template (an instruct model's); else the plain
+    User:/Assistant: format GPT-2 gets."""
+    if template_file:
+        return ChatFormatter.from_file(template_file)
+    return (ChatFormatter.for_checkpoint(checkpoint_folder) if checkpoint_folder else None) or ChatFormatter()
+
+
 def build_app(args: argparse.Namespace) -> Any:
     engine = engine_from_args(args)
     metrics = ServerMetrics()
@@ -83,7 +91,7 @@ def build_app(args: argparse.Namespace) -> Any:
         served_model_name=names[0],
         model_aliases=tuple(names[1:]),
         api_key=args.api_key or os.environ.get("ROSEINFER_API_KEY") or None,
-        chat=ChatFormatter.from_file(args.chat_template) if args.chat_template else ChatFormatter(),
+        chat=chat_formatter(args.chat_template, engine.weights.folder),
         max_request_bytes=args.max_request_bytes,
     )
     logger.info(

@@ -204,7 +204,7 @@ class SchedulerManager:
                 token_ids,
                 params,
                 self.engine.tokenizer,
-                self.engine.eos_token_id,
+                self.engine.eos_token_ids,
                 self.stream_interval,
                 timings,
                 loop,

@@ -55,7 +55,7 @@ class RequestStream:
         prompt_token_ids: list[int],
         params: SamplingParams,
         tokenizer: GPT2Tokenizer,
-        eos_token_id: int,
+        eos_token_ids: frozenset[int],
         stream_interval: int,
         timings: RequestTimings,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -68,7 +68,7 @@ class RequestStream:
         self.end: StreamEnd | None = None  # set once the consumer has read the end
         self.request: Request | None = None  # the validated request, once it is validated
         # Worker side. The text owns the request's stop strings (and hides its EOS).
-        self._text = RequestText(tokenizer, params, eos_token_id)
+        self._text = RequestText(tokenizer, params, eos_token_ids)
         self._interval = max(1, stream_interval)
         self._pending: list[str] = []
         self._unflushed = 0

@@ -42,7 +42,7 @@ def load_paged_decode_kernel() -> ctypes.CDLL | None:
             [ctypes.c_void_p] * 4  # q, new k, new v, slots
             + [ctypes.c_int64] * 2  # their token stride, cache slots
             + [ctypes.c_void_p] * 5  # k cache, v cache, block tables, context lens, out
-            + [ctypes.c_int64] * 8
+            + [ctypes.c_int64] * 9  # sequences, their parts, head group, threads, heads, KV heads, head_dim, ...
             + [ctypes.c_float]
         )
     for name in ("paged_decode_max_span", "paged_decode_max_span_heads", "paged_decode_max_block_size",

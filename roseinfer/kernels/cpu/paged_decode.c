@@ -24,12 +24,20 @@
  * of two indexed copies a layer, and q, k and v are read straight out of the
  * QKV projection's output (a token's q, k, v side by side, `in_stride` apart).
  *
- * Layouts: q, new_k, new_v [num_seqs, num_heads, head_dim] with a token stride
- * of `in_stride` elements (heads and head_dim contiguous); slots [num_seqs]
+ * Grouped-query attention: the cache holds `num_kv_heads` heads a token, each
+ * shared by `group` = num_heads / num_kv_heads consecutive query heads (query
+ * head h reads KV head h / group, as transformers lays them out). A piece
+ * spans whole KV heads and all their query heads, so each cached key and value
+ * is read from memory once for the `group` query heads that share it: the bytes
+ * a step moves shrink with the KV heads, which is what GQA is for.
+ *
+ * Layouts: q [num_seqs, num_heads, head_dim] and new_k, new_v [num_seqs,
+ * num_kv_heads, head_dim], all with a token stride of `in_stride` elements
+ * (heads and head_dim contiguous); slots [num_seqs]
  * int64 (the new token's cache slot, < 0: write nothing; at or past num_slots: an
  * error, nothing written out of bounds); out
  * [num_seqs, num_heads, head_dim] C-contiguous;
- * k_cache, v_cache [num_blocks, block_size, num_heads, head_dim];
+ * k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
  * block_tables [num_seqs, max_blocks] int32; context_lens [num_seqs] int32.
  * Elements are fp32 or bf16 (bf16 is widened to fp32; all arithmetic is fp32).
  *
@@ -51,8 +59,8 @@
 #endif
 
 /* Limits of one call (the caller checks them and splits the heads to fit). */
-#define MAX_SPAN 4096      /* heads x head_dim in one call */
-#define MAX_SPAN_HEADS 64  /* heads in one call */
+#define MAX_SPAN 4096      /* query heads x head_dim in one call */
+#define MAX_SPAN_HEADS 64  /* query heads in one call */
 #define MAX_BLOCK_SIZE 256 /* tokens in a cache block */
 /* Status bits a call returns (the pieces' statuses are OR-ed): 0 is success. */
 #define STATUS_LIMITS 1    /* a span, head count or block size over the limits above */
@@ -155,15 +163,16 @@ static inline void write_new_kv(const void *new_k, const void *new_v, int64_t in
 }
 
 #if BF16_DOT
-/* One cached token's scores q.k / sqrt(d) for every head of the span, from bf16 pairs on the bf16
+/* One cached token's scores q.k / sqrt(d) for every query head of the span, from bf16 pairs on the bf16
  * units (summed in fp32), into scores[0..heads), and each head's running block maximum. */
 static inline __attribute__((always_inline)) void bf16_scores(const uint16_t *qb, const uint16_t *kb, int64_t heads,
-                                                              int64_t head_dim, float scale, float *scores,
-                                                              float *block_max) {
+                                                              int64_t group, int64_t head_dim, float scale,
+                                                              float *scores, float *block_max) {
     for (int64_t h = 0; h < heads; ++h) {
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t d = h * head_dim; d < (h + 1) * head_dim; d += 32)
-            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qb + d), (__m512bh)_mm512_loadu_si512(kb + d));
+        const uint16_t *qh = qb + h * head_dim, *kh = kb + (h / group) * head_dim;
+        for (int64_t d = 0; d < head_dim; d += 32)
+            sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qh + d), (__m512bh)_mm512_loadu_si512(kh + d));
         const float dot = _mm512_reduce_add_ps(sum) * scale;
         scores[h] = dot;
         block_max[h] = dot > block_max[h] ? dot : block_max[h];
@@ -171,14 +180,24 @@ static inline __attribute__((always_inline)) void bf16_scores(const uint16_t *qb
 }
 #endif
 
-/* One cached token's scores q.k / sqrt(d) for every head of the span (q already scaled, in qf),
+/* One cached token's scores q.k / sqrt(d) for every query head of the span (q already scaled, in qf),
  * into scores[0..heads), and each head's running block maximum: first the products over the whole
- * span (one long vectorized loop), then a sum a head. */
+ * span (one long vectorized loop; under GQA a loop a query head, each against its KV head's key),
+ * then a sum a head. */
 static inline __attribute__((always_inline)) void fp32_scores(const float *qf, const void *k_cache, int64_t k,
-                                                              float *prod, int64_t heads, int64_t head_dim, int bf16,
-                                                              float *scores, float *block_max) {
+                                                              float *prod, int64_t heads, int64_t group,
+                                                              int64_t head_dim, int bf16, float *scores,
+                                                              float *block_max) {
+    if (group == 1) {
 #pragma omp simd
-    for (int64_t i = 0; i < heads * head_dim; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
+        for (int64_t i = 0; i < heads * head_dim; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
+    } else {
+        for (int64_t h = 0; h < heads; ++h) {
+            const int64_t kh = k + (h / group) * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) prod[h * head_dim + d] = qf[h * head_dim + d] * load(k_cache, kh + d, bf16);
+        }
+    }
     for (int64_t h = 0; h < heads; ++h) {
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -188,16 +207,17 @@ static inline __attribute__((always_inline)) void fp32_scores(const float *qf, c
     }
 }
 
-/* acc += p * v for one cached token's values, each head with its own weight p (scores[h], already
- * exponentiated), and the weights into each head's softmax denominator. */
+/* acc += p * v for one cached token's values, each query head with its own weight p (scores[h], already
+ * exponentiated) on its KV head's value, and the weights into each head's softmax denominator. */
 static inline __attribute__((always_inline)) void add_values(const float *scores, const void *v_cache, int64_t v,
-                                                             int64_t heads, int64_t head_dim, int bf16, float *denom,
-                                                             float *acc) {
+                                                             int64_t heads, int64_t group, int64_t head_dim, int bf16,
+                                                             float *denom, float *acc) {
     for (int64_t h = 0; h < heads; ++h) {
         const float p = scores[h];
+        const int64_t vh = v + (h / group) * head_dim;
         denom[h] += p;
 #pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += p * load(v_cache, v + h * head_dim + d, bf16);
+        for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += p * load(v_cache, vh + d, bf16);
     }
 }
 
@@ -218,11 +238,15 @@ static inline __attribute__((always_inline)) int paged_decode(
     const void *q, const void *new_k, const void *new_v, const int64_t *slots, int64_t in_stride,
     int64_t num_slots, void *k_cache, void *v_cache, const int32_t *block_tables,
     const int32_t *context_lens, void *out, int64_t seq_begin, int64_t seq_end, int64_t head_begin,
-    int64_t head_end, int64_t num_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
-    float scale, int bf16) {
-    const int64_t heads = head_end - head_begin, span = heads * head_dim;
-    if (heads <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE) return STATUS_LIMITS;
-    const int64_t token_stride = num_heads * head_dim, first_elem = head_begin * head_dim;
+    int64_t head_end, int64_t num_kv_heads, int64_t group, int64_t head_dim, int64_t block_size,
+    int64_t max_blocks, float scale, int bf16) {
+    /* This piece: KV heads [head_begin, head_end) of the cache, and the `group` query heads of each. */
+    const int64_t kv_heads = head_end - head_begin, heads = kv_heads * group;
+    const int64_t span = heads * head_dim, kv_span = kv_heads * head_dim;
+    if (kv_heads <= 0 || group <= 0 || heads > MAX_SPAN_HEADS || span > MAX_SPAN || block_size > MAX_BLOCK_SIZE)
+        return STATUS_LIMITS;
+    const int64_t token_stride = num_kv_heads * head_dim, first_elem = head_begin * head_dim; /* in the cache */
+    const int64_t q_stride = token_stride * group, first_q = first_elem * group;            /* in q and out */
     const int64_t elem = bf16 ? 2 : 4;
     if (!tables_in_bounds(block_tables, context_lens, seq_begin, seq_end, max_blocks, block_size,
                           num_slots / block_size))
@@ -233,10 +257,11 @@ static inline __attribute__((always_inline)) int paged_decode(
     for (int64_t seq = seq_begin; seq < seq_end; ++seq) {
         const int64_t context = context_lens[seq];
         const int32_t *table = block_tables + seq * max_blocks;
-        const int64_t in_at = seq * in_stride + first_elem, out_at = seq * token_stride + first_elem;
+        const int64_t in_at = seq * in_stride + first_q, out_at = seq * q_stride + first_q;
         if (new_k != 0 && slots[seq] >= num_slots) return STATUS_BAD_SLOT; /* never write outside the cache */
         if (new_k != 0 && slots[seq] >= 0) /* this token's K/V for these heads, into its slot */
-            write_new_kv(new_k, new_v, in_at, k_cache, v_cache, slots[seq] * token_stride + first_elem, span, elem);
+            write_new_kv(new_k, new_v, seq * in_stride + first_elem, k_cache, v_cache,
+                         slots[seq] * token_stride + first_elem, kv_span, elem);
 #pragma omp simd
         for (int64_t i = 0; i < span; ++i) qf[i] = load(q, in_at + i, bf16) * scale;
         memset(acc, 0, (size_t)span * sizeof *acc);
@@ -254,15 +279,15 @@ static inline __attribute__((always_inline)) int paged_decode(
             for (int64_t t = 0; t < n; ++t) { /* scores of every head for one token */
                 const int64_t k = block_at + t * token_stride;
                 if (next_k != 0)
-                    for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_k + t * token_stride * elem + b, 0, 2);
+                    for (int64_t b = 0; b < kv_span * elem; b += 64) __builtin_prefetch(next_k + t * token_stride * elem + b, 0, 2);
 #if BF16_DOT
                 if (bf16 && head_dim % 32 == 0) { /* q.k of bf16 pairs on the bf16 units, summed in fp32 */
-                    bf16_scores((const uint16_t *)q + in_at, (const uint16_t *)k_cache + k, heads, head_dim, scale,
-                                scores + t * heads, block_max);
+                    bf16_scores((const uint16_t *)q + in_at, (const uint16_t *)k_cache + k, heads, group, head_dim,
+                                scale, scores + t * heads, block_max);
                     continue;
                 }
 #endif
-                fp32_scores(qf, k_cache, k, prod, heads, head_dim, bf16, scores + t * heads, block_max);
+                fp32_scores(qf, k_cache, k, prod, heads, group, head_dim, bf16, scores + t * heads, block_max);
             }
             /* Online softmax: rescale what was summed under each head's old maximum. */
             for (int64_t h = 0; h < heads; ++h) {
@@ -284,8 +309,8 @@ static inline __attribute__((always_inline)) int paged_decode(
             for (int64_t t = 0; t < n; ++t) { /* acc += p * v over the token's whole span */
                 const int64_t v = block_at + t * token_stride;
                 if (next_v != 0)
-                    for (int64_t b = 0; b < span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
-                add_values(scores + t * heads, v_cache, v, heads, head_dim, bf16, denom, acc);
+                    for (int64_t b = 0; b < kv_span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
+                add_values(scores + t * heads, v_cache, v, heads, group, head_dim, bf16, denom, acc);
             }
         }
         store_normalized(out, out_at, acc, denom, heads, head_dim, bf16); /* acc / the softmax's denominator */
@@ -318,28 +343,31 @@ void paged_decode_split(const int32_t *context_lens, int64_t num_seqs, int64_t p
  * the libgomp torch has already loaded: the pieces run on torch's own worker
  * threads, which are still spinning from the projection just before, instead
  * of a second pool of threads competing with them for the same two cores.
- * Pieces: sequences split in `seq_parts` runs of equal work, heads in groups of `head_group`. */
+ * Pieces: sequences split in `seq_parts` runs of equal work, KV heads in groups of `head_group` (each with
+ * its query heads). */
 #define PAGED_DECODE(name, is_bf16)                                                                       \
     int name(const void *q, const void *new_k, const void *new_v, const int64_t *slots, int64_t in_stride, \
              int64_t num_slots, void *k_cache, void *v_cache, const int32_t *block_tables,                                   \
              const int32_t *context_lens, void *out, int64_t num_seqs, int64_t seq_parts,                \
-             int64_t head_group, int64_t threads, int64_t num_heads, int64_t head_dim,                   \
-             int64_t block_size, int64_t max_blocks, float scale) {                                      \
+             int64_t head_group, int64_t threads, int64_t num_heads, int64_t num_kv_heads,               \
+             int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale) {                    \
         if (seq_parts > MAX_SEQ_PARTS || seq_parts < 1) return STATUS_LIMITS;                                      \
+        if (num_kv_heads < 1 || head_group < 1 || num_heads % num_kv_heads) return STATUS_LIMITS;                 \
+        const int64_t group = num_heads / num_kv_heads;                                                    \
         int64_t bounds[MAX_SEQ_PARTS + 1];                                                                \
         paged_decode_split(context_lens, num_seqs, seq_parts, bounds);                                    \
-        const int64_t head_parts = (num_heads + head_group - 1) / head_group;                            \
+        const int64_t head_parts = (num_kv_heads + head_group - 1) / head_group;                         \
         const int64_t pieces = seq_parts * head_parts;                                                    \
         int failed = 0;                                                                                   \
         _Pragma("omp parallel for schedule(static) num_threads(threads) reduction(| : failed) if(threads > 1)") \
         for (int64_t i = 0; i < pieces; ++i) {                                                            \
             const int64_t sp = i / head_parts, hp = i % head_parts;                                       \
             const int64_t h0 = hp * head_group;                                                           \
-            const int64_t h1 = h0 + head_group < num_heads ? h0 + head_group : num_heads;                 \
+            const int64_t h1 = h0 + head_group < num_kv_heads ? h0 + head_group : num_kv_heads;           \
             failed |= paged_decode(q, new_k, new_v, slots, in_stride, num_slots, k_cache, v_cache, block_tables,     \
                                    context_lens, out,                                                     \
                                    bounds[sp], bounds[sp + 1], h0, h1,                                    \
-                                   num_heads, head_dim, block_size, max_blocks, scale, is_bf16);          \
+                                   num_kv_heads, group, head_dim, block_size, max_blocks, scale, is_bf16); \
         }                                                                                                 \
         return failed;                                                                                    \
     }

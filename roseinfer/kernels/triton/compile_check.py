@@ -38,7 +38,9 @@ def signature(kernel, pointer_dtype: str, constexprs: dict) -> dict[str, str]:
 def kernels_for(dtype: str) -> list[tuple[object, dict]]:
     return [
         (k._write_kv_kernel, {"ROW": 768, "BLOCK": 1024}),
-        (k._paged_decode_kernel, {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_SIZE": 16}),
+        (k._paged_decode_kernel, {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_SIZE": 16, "GROUP": 1, "BLOCK_G": 1}),
+        # grouped-query attention: 3 query heads a KV head (SmolLM2's 9 over 3), padded to 4
+        (k._paged_decode_kernel, {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_SIZE": 16, "GROUP": 3, "BLOCK_G": 4}),
         (
             k._paged_prefill_kernel,
             {
@@ -48,6 +50,7 @@ def kernels_for(dtype: str) -> list[tuple[object, dict]]:
                 "BLOCK_M": 16,
                 "BLOCK_N": 32,
                 "IEEE": dtype == "fp32",
+                "GROUP": 3,
             },
         ),
     ]

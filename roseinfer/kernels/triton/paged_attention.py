@@ -1,8 +1,10 @@
 """Triton kernels: KV-cache write, paged decode attention, paged prefill attention.
 
 Layouts (roseinfer.attention.base): the cache of one layer is
-k_cache/v_cache [num_blocks, block_size, heads, head_dim]; queries, keys and
-values are packed [tokens, heads, head_dim] with head_dim contiguous. All
+k_cache/v_cache [num_blocks, block_size, kv_heads, head_dim]; queries are packed
+[tokens, heads, head_dim], keys and values [tokens, kv_heads, head_dim], with
+head_dim contiguous. Under grouped-query attention kv_heads < heads: query head
+h reads KV head h // GROUP, GROUP = heads // kv_heads (1: multi-head). All
 accumulation is in fp32 whatever the storage dtype.
 """
 
@@ -80,47 +82,54 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads a KV head serves (1: multi-head attention)
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
 ):
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)  # one program reads a KV head's blocks once for all of its query heads
     ctx = tl.load(context_lens_ptr + seq)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     offs_s = tl.arange(0, BLOCK_SIZE)
-    q = tl.load(q_ptr + seq * stride_qt + head * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    m_i = tl.full([1], float("-inf"), tl.float32)
-    l_i = tl.zeros([1], tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
+    offs_g = tl.arange(0, BLOCK_G)
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    q = q.to(tl.float32)  # [BLOCK_G, BLOCK_D]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for j in range(0, tl.cdiv(ctx, BLOCK_SIZE)):
         block = tl.load(block_tables_ptr + seq * stride_bt + j).to(tl.int64)
         valid = j * BLOCK_SIZE + offs_s < ctx
-        base = block * stride_kb + offs_s[:, None] * stride_ks + head * stride_kh + offs_d[None, :]
+        base = block * stride_kb + offs_s[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + base, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], axis=1) * scale
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        k = tl.load(k_ptr + base, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, BLOCK_D]
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [BLOCK_G, BLOCK_SIZE]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
+        p = tl.exp(s - m_new[:, None])
         v = tl.load(v_ptr + base, mask=kv_mask, other=0.0).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # an empty context (a padding row) gives zeros, not NaN
-    out = acc / l_i
-    tl.store(
-        out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask
-    )
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out=None):
     """q [B, H, D] -> [B, H, D]: each query over its sequence's context_lens[b] cached tokens."""
     batch, heads, head_dim = q.shape
-    block_size = k_cache.shape[1]
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     assert block_size & (block_size - 1) == 0, "block size must be a power of two"
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert heads % kv_heads == 0, "each KV head serves the same number of query heads"
     out = torch.empty_like(q) if out is None else out
-    _paged_decode_kernel[(batch, heads)](
+    _paged_decode_kernel[(batch, kv_heads)](
         q,
         k_cache,
         v_cache,
@@ -132,6 +141,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
+        GROUP=heads // kv_heads,
+        BLOCK_G=triton.next_power_of_2(heads // kv_heads),
     )
     return out
 
@@ -142,11 +153,12 @@ def _paged_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, context_lens_ptr, scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
     tile = tl.program_id(2)
+    kv_head = head // GROUP  # a prompt is compute-bound: a program per query head, its KV head read again
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if tile * BLOCK_M < q_len:
@@ -173,7 +185,7 @@ def _paged_prefill_kernel(
             offs_n = start_n + offs_n0
             n_mask = offs_n < kv_end
             block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-            row = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + head * stride_kh
+            row = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             if IEEE:
@@ -226,6 +238,7 @@ def paged_prefill_attention(
     _, heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert heads % k_cache.shape[2] == 0, "each KV head serves the same number of query heads"
     out = torch.empty_like(q) if out is None else out
     grid = (num_seqs, heads, triton.cdiv(max_query_len, block_m))
     _paged_prefill_kernel[grid](
@@ -244,5 +257,6 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
+        GROUP=heads // k_cache.shape[2],
     )
     return out
