@@ -279,3 +279,37 @@ def test_a_checkpoints_tokenizer_chat_template_and_end_of_turn_ids_are_used(tmp_
     # <|im_end|> ends a request as EOS does (stop_on_eos)
     scheduler = engine.new_scheduler()
     assert scheduler.eos_token_ids == {50256, im_end}
+    # the server started on the directory renders chat with the checkpoint's template
+    from roseinfer.server.__main__ import build_app, build_parser
+
+    app = build_app(build_parser().parse_args(["--model", str(tmp_path), "--num-kv-blocks", "16"]))
+    try:
+        assert app.state.settings.chat.render(messages) == theirs
+        assert app.state.manager.engine.describe()["n_kv_head"] == 2
+    finally:
+        app.state.manager.close()
+
+
+@pytest.mark.parametrize("variant", [{"dtype": "bfloat16"}, {"quantization": "int8"}])
+def test_the_cpu_fast_paths_run_the_family(case, variant):
+    """bf16 and int8 projections (packed fused q/k/v and gate/up, the LM head too) agree with transformers' fp32
+    logits to their precision, and batched equals alone."""
+    from roseinfer.models.packed_linear import PackedLinear
+
+    _, path, hf = case
+    engine = _engine(path, **variant)
+    layer = engine.runner.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, PackedLinear) and isinstance(layer.mlp.gate_up_proj, PackedLinear)
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    table = engine.block_manager.allocate(-(-len(ids) // engine.block_manager.block_size))
+    try:
+        ours = engine.runner.logits_for([_entry(ids, 0, table)]).float()
+    finally:
+        engine.block_manager.free(table)
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    assert (ours - theirs).abs().max() <= 0.1 * theirs.abs().max()  # bf16 or int8 rounding, not a wrong model
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.6
+    params = SamplingParams(max_new_tokens=6, stop_on_eos=False)
+    together = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    assert together == [engine.generate([p], params)[0].token_ids for p in PROMPTS]

@@ -102,3 +102,12 @@ def test_the_bodies_smg_sends_are_served(hf_tiny_dir):
         tools = {**SMG_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}
         refused = httpx.post(base + "/v1/chat/completions", json=tools)
         assert refused.status_code == 400 and refused.json()["error"]["param"] in ("tools", "tool_choice")
+
+
+def test_no_vllm_or_sglang_discovery_routes(hf_tiny_dir):
+    """SMG asks /version and /server_info to tell vLLM and SGLang workers apart; a worker that answered would be
+    driven as one of them. roseinfer answers 404 to both, so SMG keeps it a generic OpenAI worker."""
+    engine = InferenceEngine.from_pretrained(str(hf_tiny_dir), num_kv_blocks=16)
+    with make_server(engine) as live:
+        for path in ("/version", "/server_info", "/get_server_info"):
+            assert httpx.get(live.base_url + path).status_code == 404, path
