@@ -114,12 +114,14 @@ class GPT2Tokenizer:
     def _id_to_bytes(self) -> list[bytes]:
         byte_of_char = {c: b for b, c in _bytes_to_unicode().items()}
         table = [b""] * (max(self._vocab.values()) + 1)
+        # A SentencePiece vocabulary (Llama 2, TinyLlama) marks spaces with "\u2581" and spells raw bytes <0xNN>
+        sentencepiece = any("\u2581" in token for token in self._vocab)
         for token, token_id in self._vocab.items():
-            if all(c in byte_of_char for c in token):
+            if sentencepiece and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                table[token_id] = bytes([int(token[3:5], 16)])  # SentencePiece's byte fallback
+            elif not sentencepiece and all(c in byte_of_char for c in token):
                 table[token_id] = bytes(byte_of_char[c] for c in token)
-            elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # SentencePiece byte fallback
-                table[token_id] = bytes([int(token[3:5], 16)])
-            else:  # an added token written in plain text; SentencePiece's "▁" is a space
+            else:  # an added token written in plain text; SentencePiece's "\u2581" is a space
                 table[token_id] = token.replace("\u2581", " ").encode("utf-8")
         return table
 

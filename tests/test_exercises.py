@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 
-from roseinfer.bench.exercises import check_prefix_router
-from roseinfer.bench.solutions import prefix_router
+from roseinfer.bench.exercises import check_gqa_decode, check_prefix_router
+from roseinfer.bench.solutions import gqa_decode, prefix_router
 
 
 def test_prefix_router_solution_passes():
@@ -39,3 +39,23 @@ def test_prefix_router_whole_prompt_hash_fails():
 
 def test_prefix_router_unknown_replica_fails():
     assert "not given" in check_prefix_router(lambda prompt, replicas: "http://elsewhere")
+
+
+def test_gqa_decode_solution_passes_and_wrong_answers_fail():
+    assert check_gqa_decode(gqa_decode).startswith("PASS")
+
+    def unwritten(q, k, v, scale):
+        raise NotImplementedError
+
+    def interleaved(q, k, v, scale):  # k.repeat instead of repeat_interleave: head h reads h % kv_heads
+        group = q.shape[0] // k.shape[1]
+        k, v = k.repeat(1, group, 1), v.repeat(1, group, 1)
+        return (((k * q).sum(-1) * scale).softmax(dim=0)[..., None] * v).sum(0)
+
+    def unscaled(q, k, v, scale):
+        return gqa_decode(q, k, v, 1.0)
+
+    assert check_gqa_decode(unwritten).startswith("not written yet")
+    assert "h // group" in check_gqa_decode(interleaved)
+    assert "off by" in check_gqa_decode(unscaled)
+    assert "shape" in check_gqa_decode(lambda q, k, v, scale: q[:1])

@@ -148,3 +148,13 @@ def test_held_back_tail_is_the_longest_that_could_grow_into_a_stop(tok):
             default=0,
         )
         assert stream._held_back() == expected, (text, stops)
+
+
+def test_sentencepiece_style_tokens_map_to_their_bytes():
+    """Llama 2 / TinyLlama vocabularies write a space as "▁", raw bytes as "<0xNN>", the rest as UTF-8 text."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {"▁hello": 0, "<0x0A>": 1, "é": 2, "<s>": 3}  # a SentencePiece piece is UTF-8 text
+    tok = GPT2Tokenizer(Tokenizer(WordLevel(vocab, unk_token="<s>")), vocab, "test")
+    assert [tok.token_bytes(i) for i in range(4)] == [b" hello", b"\n", "é".encode(), b"<s>"]

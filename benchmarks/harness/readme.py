@@ -382,6 +382,17 @@ def _headline_nb13_scale_out(m: dict) -> str:
     )
 
 
+def _headline_nb14_gqa(m: dict) -> str:
+    mha, gqa = list(m["tok_s"])
+    return (
+        f"SmolLM2-135M shape, same KV memory: {m['kv_tokens'][mha]} → {m['kv_tokens'][gqa]} tokens, "
+        f"{m['most_in_a_step'][mha]} → {m['most_in_a_step'][gqa]} sequences a step, "
+        f"{_fmt(median(m['tok_s'][mha]))} → {_fmt(median(m['tok_s'][gqa]))} output tok/s"
+        f"{_noise(m['tok_s'][mha], m['tok_s'][gqa])}; one layer's decode attention "
+        f"{median(m['attention_ms'][mha]):.2f} → {median(m['attention_ms'][gqa]):.2f} ms"
+    )
+
+
 HEADLINES = {  # the one before -> after figure each notebook is about
     "nb01_kv_cache": _headline_nb01_kv_cache,
     "nb02_batching": _headline_nb02_batching,
@@ -397,6 +408,7 @@ HEADLINES = {  # the one before -> after figure each notebook is about
     "nb11_final_server": _headline_nb11_final_server,
     "nb12_bf16_cpu": _headline_nb12_bf16_cpu,
     "nb13_scale_out": _headline_nb13_scale_out,
+    "nb14_gqa": _headline_nb14_gqa,
 }
 
 
@@ -440,6 +452,7 @@ NOTEBOOKS = [
     ),
     ("12_bf16_cpu", "nb12_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),
     ("13_scale_out", "nb13_scale_out", "one replica → two behind the SMG gateway; round_robin → cache_aware routing"),
+    ("14_gqa", "nb14_gqa", "multi-head → grouped-query attention (the Llama family): 3 KV heads for 9 query heads"),
 ]
 
 

@@ -10,3 +10,11 @@ def prefix_router(prompt: str, replicas: list[str]) -> str:
     A stable hash (not Python's `hash`, salted per process) keeps the choice across gateway restarts."""
     system = prompt.split("\nUser:")[0]
     return replicas[int(hashlib.sha256(system.encode()).hexdigest(), 16) % len(replicas)]
+
+
+def gqa_decode(q, k, v, scale):
+    """Notebook 14: give every KV head to its `group` consecutive query heads, then ordinary attention."""
+    group = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [tokens, heads, D]
+    weights = ((k * q).sum(-1) * scale).softmax(dim=0)  # [tokens, heads]: each head's softmax over the tokens
+    return (weights[..., None] * v).sum(0)

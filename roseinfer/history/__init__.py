@@ -68,6 +68,8 @@ TEACHING_SEAMS: list[str] = [
     "roseinfer.models.packed_linear.bf16_kernel_wanted",
     # notebook 13: the load report a gateway routes on
     "roseinfer.server.loads.load_report",
+    # notebook 14: q, k and v of grouped-query attention
+    "roseinfer.models.llama.Attention.forward",
 ]
 
 MANAGER_VARIANTS: dict[str, type[Manager]] = {
