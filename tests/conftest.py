@@ -31,6 +31,7 @@ if not torch.cuda.is_available():
 import pytest
 
 from roseinfer import InferenceEngine
+from roseinfer.bench.same_answer import transformers_greedy
 
 TINY_HF_CONFIG = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)
 PROJECTION_SCALE = 5.0
@@ -75,14 +76,8 @@ def make_engine(hf_tiny_dir):
     return make
 
 
-def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy decoding by full recomputation with HF: the simplest possible oracle."""
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = hf_model(torch.tensor([ids])).logits[0, -1]
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt_ids) :]
+# Greedy decoding by full recomputation with HF: the simplest possible oracle.
+hf_greedy = transformers_greedy
 
 
 @pytest.fixture(autouse=True)

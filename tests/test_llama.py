@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from conftest import hf_greedy
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.config import PRESETS, ModelConfig
 from roseinfer.engine.batch import BatchEntry
@@ -73,14 +74,6 @@ def _entry(tokens, start, table):
     return BatchEntry(tokens, start, table, False, SamplingParams(), None)
 
 
-def _hf_greedy(model, ids: list[int], new: int) -> list[int]:
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(new):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[-new:]
-
-
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_logits_match_transformers(case, backend):
     """Prefill, then decode steps on the cache, then a batch mixing a prefill, a chunk and a decode."""
@@ -116,7 +109,7 @@ def test_greedy_tokens_match_transformers_batched_chunked_cached_and_preempted(c
     new = 12
     engine = _engine(path)
     ids = [engine.tokenizer.encode(p) for p in prompts]
-    expected = [_hf_greedy(hf, x, new) for x in ids]
+    expected = [hf_greedy(hf, x, new) for x in ids]
     assert len({tuple(e) for e in expected}) > 1 and any(len(set(e)) > 3 for e in expected)  # not degenerate
     params = SamplingParams(max_new_tokens=new, stop_on_eos=False)
     batched = engine.generate(prompts, params, max_num_batched_tokens=16)  # prompts cut into chunks
@@ -170,7 +163,7 @@ def test_sharded_checkpoint_loads(tmp_path):
     engine = _engine(tmp_path)
     ids = engine.tokenizer.encode(PROMPTS[0])
     out = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=6, stop_on_eos=False))[0]
-    assert out.token_ids == _hf_greedy(hf, ids, 6)
+    assert out.token_ids == hf_greedy(hf, ids, 6)
 
 
 def test_config_json_eos_lists_and_unsupported_features():
@@ -219,7 +212,7 @@ def qwen2_with_tokens(tmp_path_factory):
     hf = build_hf("qwen2-gqa3-d64-bias")
     hf.save_pretrained(path)
     tokenizer = GPT2Tokenizer.from_pretrained(None)
-    return path, {p: _hf_greedy(hf, tokenizer.encode(p), 6) for p in PROMPTS[:2]}
+    return path, {p: hf_greedy(hf, tokenizer.encode(p), 6) for p in PROMPTS[:2]}
 
 
 def test_triton_backend_gives_transformers_tokens_for_gqa(qwen2_with_tokens, engine_device):
@@ -275,7 +268,7 @@ def test_a_checkpoints_tokenizer_chat_template_and_end_of_turn_ids_are_used(tmp_
     ids = engine.tokenizer.encode(ours)
     assert ids == AutoTokenizer.from_pretrained(tmp_path).encode(theirs)
     out = engine.generate([ours], SamplingParams(max_new_tokens=8, stop_on_eos=False))[0]
-    assert out.token_ids == _hf_greedy(hf, ids, 8)
+    assert out.token_ids == hf_greedy(hf, ids, 8)
     # <|im_end|> ends a request as EOS does (stop_on_eos)
     scheduler = engine.new_scheduler()
     assert scheduler.eos_token_ids == {50256, im_end}

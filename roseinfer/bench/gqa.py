@@ -22,6 +22,7 @@ import torch
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.attention.base import AttentionMetadata
 from roseinfer.config import PRESETS, ModelConfig
+from roseinfer.engine.runner import kv_cache_bytes_per_block
 from roseinfer.models.registry import model_family
 
 WEIGHT_SCALE = 3.0  # random N(0, 0.02) weights repeat one token; scaled, greedy decoding wanders
@@ -97,10 +98,9 @@ def time_decode_attention(backend, case, repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2] * 1000
 
 
-def blocks_for_budget(engine_config: ModelConfig, budget_bytes: int, block_size: int = 16) -> int:
+def blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int = 16) -> int:
     """How many KV blocks of this model fit in `budget_bytes` (fp32)."""
-    per_token = 2 * engine_config.n_layer * engine_config.n_kv_head * engine_config.head_dim * 4
-    return budget_bytes // (per_token * block_size)
+    return budget_bytes // kv_cache_bytes_per_block(config, block_size, torch.float32)
 
 
 def serve_once(engine: InferenceEngine, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:

@@ -7,6 +7,9 @@ all would hide a token handed to the wrong stream; here every request has its
 own prompt and its own length, and its token ids are recorded where every
 variant hands them over (`RequestStream.on_token`).
 
+`transformers_greedy` is the oracle of the model notebooks (14) and tests: Hugging Face recomputing the
+whole sequence at every step, the simplest greedy decoding there is.
+
 Between engines that compute in other precisions (notebook 12, benchmarks/compare_engines.py)
 greedy tokens may differ: `agreement` says for how many requests, `matching_prefix` how soon.
 """
@@ -23,6 +26,17 @@ from roseinfer.sampling import SamplingParams
 from roseinfer.server.streams import RequestStream
 
 VOCAB = 50000  # prompt ids are drawn below this: every GPT-2 model has at least that many tokens
+
+
+def transformers_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens of a transformers model by full recomputation (no KV cache to get wrong)."""
+    import torch
+
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
 
 
 @contextlib.contextmanager
