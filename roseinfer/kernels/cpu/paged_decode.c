@@ -31,6 +31,12 @@
  * is read from memory once for the `group` query heads that share it: the bytes
  * a step moves shrink with the KV heads, which is what GQA is for.
  *
+ * With fp32 keys and a head_dim that is a multiple of the vector width, each
+ * score is a vector dot product summed across lanes by halves (sum_lanes), and
+ * under GQA a block's values are summed a head at a time with the accumulator
+ * in a register (add_block_values): per token, the scores' scalar reductions
+ * and the accumulator's loads and stores had cost more than the products.
+ *
  * Layouts: q [num_seqs, num_heads, head_dim] and new_k, new_v [num_seqs,
  * num_kv_heads, head_dim], all with a token stride of `in_stride` elements
  * (heads and head_dim contiguous); slots [num_seqs]
@@ -180,14 +186,61 @@ static inline __attribute__((always_inline)) void bf16_scores(const uint16_t *qb
 }
 #endif
 
+/* Vectors of the width the compiler targets (-march), for the fp32 dot products below. */
+#if defined(__AVX512F__)
+#define DOT_LANES 16
+#elif defined(__AVX__)
+#define DOT_LANES 8
+#else
+#define DOT_LANES 4
+#endif
+typedef float lanes_t __attribute__((vector_size(DOT_LANES * 4), aligned(4)));
+
+/* The sum of a vector's lanes by halves, each step one vector add. An `omp simd reduction` ends in
+ * one scalar add a lane instead (16 dependent adds on AVX-512, through the stack), which cost a
+ * decode step more than all its products. */
+static inline __attribute__((always_inline)) float sum_lanes(lanes_t v) {
+#if DOT_LANES == 16
+    typedef float half_t __attribute__((vector_size(32), aligned(4)));
+    const half_t h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif DOT_LANES == 8
+    const lanes_t h8 = v;
+#endif
+#if DOT_LANES >= 8
+    typedef float quarter_t __attribute__((vector_size(16), aligned(4)));
+    const quarter_t h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+#else
+    const lanes_t h4 = v;
+#endif
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+
+/* q.k over head_dim fp32 elements (a multiple of DOT_LANES), summed lane-wise, then across lanes. */
+static inline __attribute__((always_inline)) float dot_f32(const float *q, const float *k, int64_t head_dim) {
+    lanes_t sum = *(const lanes_t *)q * *(const lanes_t *)k;
+    for (int64_t d = DOT_LANES; d < head_dim; d += DOT_LANES) sum += *(const lanes_t *)(q + d) * *(const lanes_t *)(k + d);
+    return sum_lanes(sum);
+}
+
 /* One cached token's scores q.k / sqrt(d) for every query head of the span (q already scaled, in qf),
- * into scores[0..heads), and each head's running block maximum: first the products over the whole
- * span (one long vectorized loop; under GQA a loop a query head, each against its KV head's key),
- * then a sum a head. */
+ * into scores[0..heads), and each head's running block maximum. fp32 keys with head_dim a multiple of
+ * the vector width: a vector dot product a query head against its KV head's key. Otherwise: first the
+ * products over the whole span (one long vectorized loop; under GQA a loop a query head), then a sum a
+ * head. */
 static inline __attribute__((always_inline)) void fp32_scores(const float *qf, const void *k_cache, int64_t k,
                                                               float *prod, int64_t heads, int64_t group,
                                                               int64_t head_dim, int bf16, float *scores,
                                                               float *block_max) {
+    if (!bf16 && head_dim % DOT_LANES == 0) {
+        const float *key = (const float *)k_cache + k;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float dot = dot_f32(qf + h * head_dim, key + (h / group) * head_dim, head_dim);
+            scores[h] = dot;
+            block_max[h] = dot > block_max[h] ? dot : block_max[h];
+        }
+        return;
+    }
     if (group == 1) {
 #pragma omp simd
         for (int64_t i = 0; i < heads * head_dim; ++i) prod[i] = qf[i] * load(k_cache, k + i, bf16);
@@ -218,6 +271,28 @@ static inline __attribute__((always_inline)) void add_values(const float *scores
         denom[h] += p;
 #pragma omp simd
         for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += p * load(v_cache, vh + d, bf16);
+    }
+}
+
+/* acc += p * v for a block's n cached tokens at once, fp32 values and head_dim a multiple of the vector
+ * width: each head's accumulator stays in a register over the block's tokens instead of a load and a
+ * store a token, which bounded the loop above under GQA, where the group's query heads read each value
+ * from L1 after the first. (Multi-head attention keeps the loop above: it streams the block in memory
+ * order, which this loop's walk across tokens a head at a time does not, and measured slower.) */
+static inline __attribute__((always_inline)) void add_block_values(const float *scores, const float *v_block,
+                                                                   int64_t n, int64_t token_stride, int64_t heads,
+                                                                   int64_t group, int64_t head_dim, float *denom,
+                                                                   float *acc) {
+    for (int64_t h = 0; h < heads; ++h) {
+        const float *vh = v_block + (h / group) * head_dim;
+        float p_sum = 0.0f;
+        for (int64_t t = 0; t < n; ++t) p_sum += scores[t * heads + h];
+        denom[h] += p_sum;
+        for (int64_t d = 0; d < head_dim; d += DOT_LANES) {
+            lanes_t a = *(lanes_t *)(acc + h * head_dim + d);
+            for (int64_t t = 0; t < n; ++t) a += scores[t * heads + h] * *(const lanes_t *)(vh + t * token_stride + d);
+            *(lanes_t *)(acc + h * head_dim + d) = a;
+        }
     }
 }
 
@@ -306,6 +381,15 @@ static inline __attribute__((always_inline)) int paged_decode(
             }
 #pragma omp simd
             for (int64_t i = 0; i < n * heads; ++i) scores[i] = exp_neg(scores[i]);
+            if (!bf16 && group > 1 && head_dim % DOT_LANES == 0) { /* GQA: the block's values a head at a time
+                                                                        (bf16 values: measured slower) */
+                if (next_v != 0)
+                    for (int64_t t = 0; t < n; ++t)
+                        for (int64_t b = 0; b < kv_span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
+                add_block_values(scores, (const float *)v_cache + block_at, n, token_stride, heads, group, head_dim,
+                                 denom, acc);
+                continue;
+            }
             for (int64_t t = 0; t < n; ++t) { /* acc += p * v over the token's whole span */
                 const int64_t v = block_at + t * token_stride;
                 if (next_v != 0)
