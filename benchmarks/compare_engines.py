@@ -10,8 +10,13 @@ CTranslate2's int8), hf (transformers `generate`), vllm-fp32, vllm-bf16
 (llama.cpp via llama-cpp-python; its q8_0 GPT-2 crashed where first run). A peer whose virtualenv is missing is
 skipped with a line saying so.
 
-Weights: random GPT-2 124M in HF layout from a seed, converted once per peer
-format with the peer's own converter and cached (harness/peer_formats.py).
+Weights: random GPT-2 124M (--preset gpt2, the default) or another preset's
+shape (--preset smollm2-135m: the Llama family with grouped-query attention)
+in HF layout from a seed, converted once per peer format with the peer's own
+converter and cached (harness/peer_formats.py).
+
+    python benchmarks/compare_engines.py --preset smollm2-135m \
+        --output-json results/cpu/compare_engines_smollm2.json
 Workloads: fixed, mixed, batch1 (harness/engine_compare.py). Each engine
 runs in its own process from its own virtualenv (benchmarks/peers/run_*.py);
 the rounds are interleaved, so machine noise hits every engine alike.
@@ -27,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.engine_compare import WORKLOADS, build_workloads, roofline, summarize_engine
+from harness.engine_compare import WORKLOADS, build_workloads, prompt_vocab, roofline, summarize_engine
 from harness.peer_formats import add_weights_arguments, ct2_model, gguf_model, weights_cache
 from harness.peer_runs import run_engine
 
@@ -84,7 +89,8 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
         print(f"[{tag}] {engine.name} ...", flush=True)
         try:
             out = run_engine(
-                engine, paths[engine.name], workloads, args.threads, work_dir, tag, args.peers_dir
+                engine, paths[engine.name], workloads, args.threads, work_dir, tag, args.peers_dir,
+                prompt_vocab(PRESETS[args.preset]),
             )
         except RuntimeError as err:
             print(f"  FAILED: {err}", flush=True)
@@ -188,7 +194,9 @@ def main(argv=None) -> int:
         print(f"skipping {name}: {why}")
     skipped |= unconverted
     engines = [e for e in engines if e.name in paths]
-    all_workloads = build_workloads(args.num_requests, args.seed, args.max_new_tokens)
+    all_workloads = build_workloads(
+        args.num_requests, args.seed, args.max_new_tokens, prompt_vocab(PRESETS[args.preset])
+    )
     workloads = {k: v for k, v in all_workloads.items() if k in args.workload}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "output_json"}
     config |= cpu_info() | {
@@ -197,7 +205,8 @@ def main(argv=None) -> int:
         "greedy": True,
         "ignore_eos": True,
     }
-    out = Path(args.output_json) if args.output_json else results_dir("cpu") / "compare_engines.json"
+    default_name = "compare_engines" + ("" if args.preset == "gpt2" else f"_{args.preset}")
+    out = Path(args.output_json) if args.output_json else results_dir("cpu") / f"{default_name}.json"
     runs: dict[str, list[dict]] = {}
     versions: dict[str, dict] = {}
     failed: dict[str, str] = {}

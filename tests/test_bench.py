@@ -76,6 +76,34 @@ def test_roofline_costs_and_floor():
     assert measured["matmul_flops"] > 1e8 and measured["mem_bytes_s"] > 1e8
 
 
+@pytest.mark.parametrize("preset", ["gpt2", "smollm2-135m", "qwen2.5-0.5b"])
+def test_roofline_reads_every_matmul_weight_once_and_the_kv_heads_cache(preset):
+    """A decode step's bytes are the model's matmul weights (norms, biases and the position table aside) plus
+    K/V shaped by the KV heads: GQA's smaller cache is what the floor counts."""
+    from roseinfer.models.registry import num_parameters
+
+    cfg = PRESETS[preset]
+    small = cfg.n_embd * (cfg.n_positions if cfg.family == "gpt2" else 0)  # GPT-2's position table
+    small += cfg.n_layer * 16 * cfg.n_embd  # norms and biases: under 16 vectors a layer
+    weights = decode_step_cost(cfg, [0], elem_bytes=4).bytes / 4 - 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim
+    assert num_parameters(cfg) - small <= weights <= num_parameters(cfg)
+    kv_per_token = decode_step_cost(cfg, [1001], 4).bytes - decode_step_cost(cfg, [1], 4).bytes
+    assert kv_per_token == 1000 * 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4
+
+
+def test_kv_cache_step_timings_cover_every_context_and_leave_no_request_behind():
+    """Notebook 01's measurement: every context and arm timed `repeats` times; its schedulers' blocks freed."""
+    from roseinfer import InferenceEngine
+    from roseinfer.bench.kv_cache import time_steps
+
+    engine = InferenceEngine.from_pretrained("gpt2-tiny", dtype="float32")
+    free = engine.block_manager.num_free_blocks
+    times = time_steps(engine, [8, 20], repeats=2)
+    assert {arm: sorted(t) for arm, t in times.items()} == {"recompute": [8, 20], "kv_cache": [8, 20]}
+    assert all(len(runs) == 2 and min(runs) > 0 for arm in times.values() for runs in arm.values())
+    assert engine.block_manager.num_free_blocks == free
+
+
 def test_machine_peaks_measured_once_per_machine(tmp_path, monkeypatch):
     from roseinfer.bench import results, roofline
 
@@ -242,16 +270,21 @@ def test_greedy_agreement_measures():
     assert agreement(reference, reference) == matching_prefix(reference, reference) == 1.0
 
 
-def test_compare_engines_smoke(tmp_path):
-    """The peer harness end to end with the engines CI has (roseinfer, HF); a peer without its venv is skipped."""
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_compare_engines_smoke(tmp_path, preset):
+    """The peer harness end to end with the engines CI has (roseinfer, HF), on both families' weights; a peer
+    without its venv is skipped. The Llama family's run is roseinfer fp32 against transformers alone (int8
+    is the same code for both families)."""
     from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
 
-    ours = ["roseinfer-fp32"] + (["roseinfer-int8"] if load_f32_linear_kernel() else [])  # int8 needs a compiler
+    ours = ["roseinfer-fp32"]
+    if preset == "gpt2-tiny" and load_f32_linear_kernel():  # int8 needs a compiler
+        ours.append("roseinfer-int8")
     out = tmp_path / "e.json"
     text = _run(
         "compare_engines.py",
         "--preset",
-        "gpt2-tiny",
+        preset,
         "--engines",
         *ours,
         "hf",
@@ -283,6 +316,22 @@ def test_compare_engines_smoke(tmp_path):
             assert 0 <= block["engines"][name_]["same_tokens_as_reference"] <= 1
         assert block["engines"]["hf"]["matching_prefix_with_reference"] == 1.0, (name, text)
     assert out.with_suffix(".png").exists()
+
+
+def test_llama_peer_weights_carry_a_cut_gpt2_tokenizer_every_converter_reads(tmp_path):
+    """SmolLM2's 49,152 ids: GPT-2's first 49,151 tokens under their own ids, end of text as the last."""
+    from transformers import AutoTokenizer
+
+    from roseinfer.bench.peer_models import END_OF_TEXT, write_cut_bpe_tokenizer
+    from roseinfer.tokenizer import GPT2Tokenizer
+
+    write_cut_bpe_tokenizer(tmp_path / "tokenizer.json", 49152)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    cut = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(cut) == 49152 and cut.convert_tokens_to_ids(END_OF_TEXT) == 49151
+    text = "Hello world, the cut vocabulary keeps every ordinary token."
+    assert cut.encode(text) == GPT2Tokenizer.from_pretrained().encode(text)
+    assert max(cut.encode("Zeitgeist 3333 Ελληνικά")) < 49151  # rarer pieces fall back to shorter merges
 
 
 def test_source_diff_shows_only_the_changed_lines():

@@ -14,18 +14,27 @@ import statistics
 from typing import Any
 
 from roseinfer.bench.roofline import workload_ceiling_tok_s
-from roseinfer.bench.workloads import BenchRequest, mixed_output_lengths, random_prompts
+from roseinfer.bench.workloads import VOCAB_FOR_PROMPTS, BenchRequest, mixed_output_lengths, random_prompts
 from roseinfer.config import ModelConfig
 
 WORKLOADS = ("fixed", "mixed", "batch1")
 
 
-def build_workloads(num_requests: int, seed: int, max_new_tokens: int | None = None) -> dict[str, list[dict]]:
-    """The workloads as runner_io wants them; `max_new_tokens` caps every output (for quick runs)."""
+def prompt_vocab(config: ModelConfig) -> int:
+    """Prompt ids are drawn below this: GPT-2's ordinary tokens, or every id of a smaller vocabulary but
+    its last (peer_models puts that model's one special token, end of text, there)."""
+    return min(VOCAB_FOR_PROMPTS, config.vocab_size - 1)
+
+
+def build_workloads(
+    num_requests: int, seed: int, max_new_tokens: int | None = None, vocab: int = VOCAB_FOR_PROMPTS
+) -> dict[str, list[dict]]:
+    """The workloads as runner_io wants them; `max_new_tokens` caps every output (for quick runs); prompt ids
+    below `vocab`."""
     sets: dict[str, list[BenchRequest]] = {
-        "fixed": random_prompts(num_requests, 32, 32, seed),
-        "mixed": mixed_output_lengths(num_requests, (16, 64), (8, 128), seed),
-        "batch1": random_prompts(1, 32, 128, seed + 1),
+        "fixed": random_prompts(num_requests, 32, 32, seed, vocab),
+        "mixed": mixed_output_lengths(num_requests, (16, 64), (8, 128), seed, vocab),
+        "batch1": random_prompts(1, 32, 128, seed + 1, vocab),
     }
     cap = max_new_tokens or 1 << 30
     return {

@@ -99,7 +99,7 @@ def _engine_row(m: dict, engine: str, versions: dict[str, str]) -> str:
 
 def compare_engines_section(results: Path) -> str:
     parts = []
-    for path in sorted(results.glob("*/compare_engines.json")):
+    for path in sorted(results.glob("*/compare_engines*.json")):  # GPT-2, and other presets beside it
         r = read_json(path)
         m, c = r["metrics"], r["config"]
         flags = ", ".join(f for f, present in c["cpu_flags"].items() if present)

@@ -1,4 +1,5 @@
-"""Hugging Face transformers `generate` (one static, left-padded batch), in the project's virtualenv."""
+"""Hugging Face transformers `generate` (one static, left-padded batch), in the project's virtualenv; any
+architecture transformers knows (GPT-2, Llama, Qwen2)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from roseinfer.bench.workloads import BenchRequest
 
 def load(spec):
     torch.set_num_threads(spec["threads"])
-    model = transformers.GPT2LMHeadModel.from_pretrained(spec["model"], dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).eval()
 
     def generate(requests: Requests) -> list[list[int]]:
         return run_hf_generate(model, [BenchRequest(r["prompt"], r["max_new_tokens"]) for r in requests])

@@ -13,7 +13,8 @@ from runner_io import Requests, run
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
-GPT2_CONTEXT = 1024
+# Longer than any workload's prompt plus output, and within every preset's context (GPT-2's is 1024).
+MAX_MODEL_LEN = 1024
 
 
 def load(spec):
@@ -24,7 +25,7 @@ def load(spec):
         seed=0,
         # Every request of a workload runs at once, as in the other engines.
         max_num_seqs=max(len(reqs) for reqs in spec["workloads"].values()),
-        max_model_len=GPT2_CONTEXT,
+        max_model_len=MAX_MODEL_LEN,
     )
 
     def generate(requests: Requests) -> list[list[int]]:

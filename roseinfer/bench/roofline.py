@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from roseinfer.config import ModelConfig
+from roseinfer.models.registry import model_family
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,12 @@ def step_cost(
     the K/V's element size, and the weights' unless weight_bytes says (int8 weights: 1).
     """
     e, layers, v = config.n_embd, config.n_layer, config.vocab_size
-    matmul_params = 12 * layers * e * e  # qkv, proj, two MLP matrices per layer
-    flops = 2 * new_tokens * matmul_params + 2 * num_logits * e * v + 4 * layers * e * attended
+    q, kv = config.n_head * config.head_dim, config.n_kv_head * config.head_dim  # widths; kv < q under GQA
+    mlp = model_family(config.family).mlp_matrices * e * config.intermediate_size
+    matmul_params = layers * (e * (q + 2 * kv) + q * e + mlp)  # q/k/v, output, MLP (GPT-2: 12 e^2 a layer)
+    flops = 2 * new_tokens * matmul_params + 2 * num_logits * e * v + 4 * layers * q * attended
     weights = (matmul_params + v * e) * (elem_bytes if weight_bytes is None else weight_bytes)
-    kv_bytes = 2 * layers * e * elem_bytes * (kv_read + new_tokens)  # read the context, write the new
+    kv_bytes = 2 * layers * kv * elem_bytes * (kv_read + new_tokens)  # read the context, write the new
     return StepCost(flops, weights + kv_bytes)
 
 

@@ -1,7 +1,7 @@
 """Benchmark workloads: lists of requests, reproducible from a seed.
 
-Prompts are token ids drawn from the GPT-2 vocabulary (so their length is
-exact), except `fixed_prompt`, which tokenizes a given text. Output lengths
+Prompts are token ids drawn from the GPT-2 vocabulary, or from a smaller
+one's ordinary tokens (`vocab`), so their length is exact, except `fixed_prompt`, which tokenizes a given text. Output lengths
 are exact too: benchmarks run with EOS ignored unless they say otherwise.
 """
 
@@ -21,8 +21,8 @@ class BenchRequest:
     prompt: str | None = None  # the text, when the workload has one
 
 
-def _random_ids(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(VOCAB_FOR_PROMPTS) for _ in range(n)]
+def _random_ids(rng: random.Random, n: int, vocab: int = VOCAB_FOR_PROMPTS) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
 
 
 def fixed_prompt(tokenizer, text: str, num_requests: int, max_new_tokens: int) -> list[BenchRequest]:
@@ -32,15 +32,18 @@ def fixed_prompt(tokenizer, text: str, num_requests: int, max_new_tokens: int) -
 
 
 def random_prompts(
-    num_requests: int, input_len: int | tuple[int, int], output_len: int | tuple[int, int], seed: int = 0
+    num_requests: int, input_len: int | tuple[int, int], output_len: int | tuple[int, int], seed: int = 0,
+    vocab: int = VOCAB_FOR_PROMPTS,
 ) -> list[BenchRequest]:
-    """Random token prompts; a length is a fixed int or an inclusive (low, high) range."""
+    """Random token prompts (ids below `vocab`); a length is a fixed int or an inclusive (low, high) range."""
     rng = random.Random(seed)
 
     def draw(spec: int | tuple[int, int]) -> int:
         return spec if isinstance(spec, int) else rng.randint(*spec)
 
-    return [BenchRequest(_random_ids(rng, draw(input_len)), draw(output_len)) for _ in range(num_requests)]
+    return [
+        BenchRequest(_random_ids(rng, draw(input_len), vocab), draw(output_len)) for _ in range(num_requests)
+    ]
 
 
 def mixed_output_lengths(
@@ -48,9 +51,10 @@ def mixed_output_lengths(
     input_len: int | tuple[int, int] = (16, 64),
     output_len: tuple[int, int] = (8, 128),
     seed: int = 0,
+    vocab: int = VOCAB_FOR_PROMPTS,
 ) -> list[BenchRequest]:
     """Output lengths spread over a range: where static batching pads and continuous batching does not."""
-    return random_prompts(num_requests, input_len, output_len, seed)
+    return random_prompts(num_requests, input_len, output_len, seed, vocab)
 
 
 def shared_prefix_prompts(

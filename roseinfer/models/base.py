@@ -44,6 +44,7 @@ class ModelFamily(Protocol):
     """The class of a family: builds models and converts Hugging Face checkpoints."""
 
     model_type: str  # config.json's "model_type"
+    mlp_matrices: int  # weight matrices in one layer's MLP, each n_embd x intermediate_size (roofline's count)
 
     def __call__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> CausalLM: ...
 

@@ -79,6 +79,7 @@ class Block(nn.Module):
 
 class GPT2(nn.Module):
     model_type = "gpt2"
+    mlp_matrices = 2  # c_fc and c_proj
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
         super().__init__()
