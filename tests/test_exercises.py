@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 
-from roseinfer.bench.exercises import check_gqa_decode, check_prefix_router
-from roseinfer.bench.solutions import gqa_decode, prefix_router
+import torch
+
+from roseinfer.bench.exercises import check_gqa_decode, check_kv_cache_attention, check_prefix_router
+from roseinfer.bench.solutions import gqa_decode, kv_cache_attention, prefix_router
 
 
 def test_prefix_router_solution_passes():
@@ -59,3 +61,26 @@ def test_gqa_decode_solution_passes_and_wrong_answers_fail():
     assert "h // group" in check_gqa_decode(interleaved)
     assert "off by" in check_gqa_decode(unscaled)
     assert "shape" in check_gqa_decode(lambda q, k, v, scale: q[:1])
+
+
+def test_kv_cache_attention_solution_passes_and_wrong_answers_fail():
+    assert check_kv_cache_attention(kv_cache_attention).startswith("PASS")
+
+    def unwritten(cache, x, project, scale):
+        raise NotImplementedError
+
+    def recomputes(cache, x, project, scale):  # right answers, without a cache: every step projects every token
+        cache["xs"] = torch.cat([cache["xs"], x[None]]) if cache else x[None]
+        q, k, v = project(cache["xs"])
+        return torch.softmax(k @ q[-1] * scale, dim=0) @ v
+
+    def forgets(cache, x, project, scale):  # attends to the new token alone
+        return kv_cache_attention({}, x, project, scale)
+
+    def unscaled(cache, x, project, scale):
+        return kv_cache_attention(cache, x, project, 1.0)
+
+    assert check_kv_cache_attention(unwritten).startswith("not written yet")
+    assert "recomputed" in check_kv_cache_attention(recomputes)
+    assert "alone" in check_kv_cache_attention(forgets)
+    assert "off by" in check_kv_cache_attention(unscaled)

@@ -5,6 +5,17 @@ from __future__ import annotations
 import hashlib
 
 
+def kv_cache_attention(cache, x, project, scale):
+    """Notebook 01: project the new token alone, keep its key and value, attend over everything kept."""
+    import torch
+
+    q, k, v = project(x[None])  # [1, D] each: this token only
+    if cache:
+        k, v = torch.cat([cache["k"], k]), torch.cat([cache["v"], v])
+    cache["k"], cache["v"] = k, v  # every token's, so far
+    return torch.softmax(k @ q[0] * scale, dim=0) @ v
+
+
 def prefix_router(prompt: str, replicas: list[str]) -> str:
     """Notebook 13: hash what is shared (the system prompt, before "\\nUser:"), so it always lands on one replica.
     A stable hash (not Python's `hash`, salted per process) keeps the choice across gateway restarts."""
