@@ -296,6 +296,12 @@ static inline __attribute__((always_inline)) void add_block_values(const float *
     }
 }
 
+/* Into L2: n tokens' spans of span_bytes each, stride_bytes apart, from `base` (a block ahead). */
+static inline void prefetch_tokens(const char *base, int64_t n, int64_t stride_bytes, int64_t span_bytes) {
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < span_bytes; b += 64) __builtin_prefetch(base + t * stride_bytes + b, 0, 2);
+}
+
 /* The output of each head: its weighted sum of values over its softmax denominator. */
 static inline __attribute__((always_inline)) void store_normalized(void *out, int64_t out_at, const float *acc,
                                                                    const float *denom, int64_t heads,
@@ -383,9 +389,7 @@ static inline __attribute__((always_inline)) int paged_decode(
             for (int64_t i = 0; i < n * heads; ++i) scores[i] = exp_neg(scores[i]);
             if (!bf16 && group > 1 && head_dim % DOT_LANES == 0) { /* GQA: the block's values a head at a time
                                                                         (bf16 values: measured slower) */
-                if (next_v != 0)
-                    for (int64_t t = 0; t < n; ++t)
-                        for (int64_t b = 0; b < kv_span * elem; b += 64) __builtin_prefetch(next_v + t * token_stride * elem + b, 0, 2);
+                if (next_v != 0) prefetch_tokens(next_v, n, token_stride * elem, kv_span * elem);
                 add_block_values(scores, (const float *)v_cache + block_at, n, token_stride, heads, group, head_dim,
                                  denom, acc);
                 continue;
