@@ -89,8 +89,7 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
         print(f"[{tag}] {engine.name} ...", flush=True)
         try:
             out = run_engine(
-                engine, paths[engine.name], workloads, args.threads, work_dir, tag, args.peers_dir,
-                prompt_vocab(PRESETS[args.preset]),
+                engine, paths[engine.name], workloads, args.threads, work_dir, tag, args.peers_dir
             )
         except RuntimeError as err:
             print(f"  FAILED: {err}", flush=True)

@@ -42,18 +42,14 @@ def run_engine(
     work_dir: Path,
     tag: str,
     peers_dir: Path = PEERS_DIR,
-    prompt_vocab: int | None = None,
 ) -> dict[str, Any]:
-    """Start the engine's runner on every workload once; its results, or RuntimeError with the log's tail.
-    prompt_vocab: the bound of the prompts' ids, for the runner's warm-up prompts (None: GPT-2's)."""
+    """Start the engine's runner on every workload once; its results, or RuntimeError with the log's tail."""
     spec = {
         "model": str(model_path),
         "threads": threads,
         "options": engine.options,
         "workloads": workloads,
     }
-    if prompt_vocab is not None:
-        spec["prompt_vocab"] = prompt_vocab
     spec_file = work_dir / f"{engine.name}.spec.json"
     out_file = work_dir / f"{engine.name}-{tag}.out.json"
     log_file = work_dir / f"{engine.name}-{tag}.log"

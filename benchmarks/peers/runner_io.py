@@ -2,8 +2,8 @@
 
 A runner is started as `python run_<peer>.py SPEC.json OUT.json` by the
 peer's own virtualenv, so this file imports nothing but the standard library.
-SPEC holds the model path, thread count, options, the bound of the prompts'
-token ids, and the workloads: lists of {"prompt": [token ids], "max_new_tokens": n}. The runner loads the model once,
+SPEC holds the model path, thread count, options, and the workloads: lists of
+{"prompt": [token ids], "max_new_tokens": n}. The runner loads the model once,
 warms each workload up on other prompts of the same lengths (first calls
 allocate, compile and fill caches), then
 times one generation of every request of each workload and writes
@@ -32,13 +32,14 @@ WARMUP_REQUESTS = 4
 # Warm-up prompts are the first requests' with every id shifted, so that an
 # engine with a prefix cache cannot serve the timed prompts from the warm-up.
 WARMUP_ID_SHIFT = 1
-# As roseinfer.bench.workloads: ordinary BPE tokens only. A spec's "prompt_vocab" says the model's own bound.
-PROMPT_VOCAB = 50000
 
 
-def warmup_requests(requests: Requests, vocab: int = PROMPT_VOCAB) -> Requests:
+def warmup_requests(requests: Requests) -> Requests:
+    """The first requests with every id shifted, wrapping below the largest id they hold: ids the workload
+    already uses, so valid for whatever vocabulary the model has."""
+    bound = 1 + max(t for r in requests for t in r["prompt"])
     return [
-        {**r, "prompt": [(t + WARMUP_ID_SHIFT) % vocab for t in r["prompt"]]}
+        {**r, "prompt": [(t + WARMUP_ID_SHIFT) % bound for t in r["prompt"]]}
         for r in requests[:WARMUP_REQUESTS]
     ]
 
@@ -48,7 +49,7 @@ def run(load: Callable[[dict[str, Any]], tuple[Generate, dict[str, str]]]) -> No
     generate, versions = load(spec)
     results = {}
     for name, requests in spec["workloads"].items():
-        generate(warmup_requests(requests, spec.get("prompt_vocab", PROMPT_VOCAB)))
+        generate(warmup_requests(requests))
         start = time.perf_counter()
         token_ids = generate(requests)
         seconds = time.perf_counter() - start
