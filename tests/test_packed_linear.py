@@ -266,3 +266,12 @@ def test_the_lm_head_keeps_no_second_dense_copy(monkeypatch):
     assert head._dense.data_ptr() == model.wte.weight.data_ptr()
     hidden = torch.randn(2, 32)
     assert torch.equal(model.compute_logits(hidden), F.linear(hidden, model.wte.weight))
+
+
+@needs_f32_kernel
+def test_a_projection_on_roseinfers_kernel_refuses_rows_of_another_width(monkeypatch):
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("roseinfer", 4))
+    layer = PackedLinear(torch.randn(40, 16), None)
+    with pytest.raises(ValueError, match="x has 17 columns, the weight 16"):
+        layer(torch.randn(2, 17))  # the kernel would read past each row of x
+    assert layer(torch.randn(2, 2, 16)).shape == (2, 2, 40)  # leading dimensions kept

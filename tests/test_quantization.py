@@ -5,11 +5,12 @@ the fp32 model itself is measured (benchmarks/benchmark_cpu_linear.py), not assu
 
 from __future__ import annotations
 
-import platform
-
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_classes import (
+    build_classes,  # the w8a8 kernel: AVX2's build is vpmaddubsw's, the portable one plain C
+)
 
 import roseinfer.models.packed_linear as packed_linear
 from roseinfer import InferenceEngine, SamplingParams
@@ -112,15 +113,7 @@ def w8a8_reference(x, packed, scale, colsum, bias, gelu, n, k, qmax):
     return F.gelu(y, approximate="tanh") if gelu else y
 
 
-def w8a8_classes():
-    """This CPU's build, and on x86-64 the AVX2 class's (vpmaddubsw) and the portable one's (plain C)."""
-    classes = [("native", None)]
-    if platform.machine() in ("x86_64", "AMD64"):
-        classes += [("avx2", "x86-64-v3"), ("portable", "x86-64")]
-    return classes
-
-
-@pytest.fixture(scope="module", params=w8a8_classes(), ids=lambda c: c[0])
+@pytest.fixture(scope="module", params=build_classes(), ids=lambda c: c[0])
 def w8a8_lib(request, tmp_path_factory):
     if request.param[1] is None:
         yield load_w8a8_linear_kernel()

@@ -43,6 +43,7 @@ KERNELS = PAGED_DECODE_KERNELS
 # ones through SDPA, whose tiles beat re-reading the context once a query token.
 PREFILL_MAX_QUERY = 128
 SPLIT_ABOVE_ROW_TOKENS = 4096  # (sequences x context x heads) below which one thread does the whole step
+LAYOUTS_KEPT = 256  # verdicts on tensor layouts a backend remembers (one per step shape in practice)
 _refusals_logged: set[str] = set()
 
 
@@ -94,6 +95,10 @@ class CpuPagedAttention(TorchPagedAttention):
         self.max_span, self.max_span_heads, self.max_block_size, self.max_seq_parts = (
             kernel_limits(self.kernel) if self.kernel is not None else (0, 0, 0, 0)
         )
+        # layout -> (why the kernel refuses it or None, whether q, k, v share one token layout). Every layer
+        # of a step hands over tensors of one layout: checking it costs more than the attention of a short
+        # context (about 14 us), so each layout is judged once, and recognised in about 1 us.
+        self._verdicts: dict[tuple, tuple[str | None, bool]] = {}
 
     @property
     def fused(self) -> bool:
@@ -121,9 +126,21 @@ class CpuPagedAttention(TorchPagedAttention):
             return self.prefill(query, key, value, k_cache, v_cache, meta, scale)
         return super().forward(query, key, value, k_cache, v_cache, meta, scale)
 
+    def _verdict(self, query, key, value, k_cache, v_cache) -> tuple[str | None, bool]:
+        """(kernel_refusal's reason or None, _shares_token_layout's answer) for these tensors' layout."""
+        tensors = (query, key, value, k_cache, v_cache)
+        layout = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+        verdict = self._verdicts.get(layout)
+        if verdict is None:
+            if len(self._verdicts) >= LAYOUTS_KEPT:
+                self._verdicts.clear()
+            reason = kernel_refusal(*tensors, self.max_block_size, self.max_span)
+            verdict = self._verdicts[layout] = (reason, reason is None and _shares_token_layout([query, key, value]))
+        return verdict
+
     def _kernel_takes(self, query, key, value, k_cache, v_cache) -> bool:
         """Whether the kernel can read these tensors as they are; if not, say why in the log (once a reason)."""
-        reason = kernel_refusal(query, key, value, k_cache, v_cache, self.max_block_size, self.max_span)
+        reason = self._verdict(query, key, value, k_cache, v_cache)[0]
         if reason is not None and reason not in _refusals_logged:
             _refusals_logged.add(reason)
             logger.warning("roseinfer: the CPU attention kernel cannot take this step (%s); the torch path does",
@@ -202,7 +219,8 @@ class CpuPagedAttention(TorchPagedAttention):
         row_seqs: torch.Tensor | None = None,  # [S]: each row's sequence in the step, where rows are tokens
     ) -> torch.Tensor:
         new = [query] if key is None else [query, key, value]
-        if not _shares_token_layout(new):
+        shared = self._verdict(query, key, value, k_cache, v_cache)[1] if key is not None else _shares_token_layout(new)
+        if not shared:
             new = _one_token_layout(new)
         query = new[0]
         out = torch.empty(query.shape, dtype=query.dtype)

@@ -30,16 +30,17 @@ def decode_batch(engine, batch: int, context: int, seed: int = 0) -> Iterator[li
     """
     blocks = engine.block_manager
     rng = random.Random(seed * 7919 + batch * 31 + context)
+    vocab = engine.model_config.vocab_size
     tables = [blocks.allocate(blocks_for(context + 1, blocks.block_size)) for _ in range(batch)]
     try:
         for table in tables:  # fill the cache (untimed), one prompt at a time
-            prompt = [rng.randrange(50000) for _ in range(context)]
+            prompt = [rng.randrange(vocab) for _ in range(context)]
             engine.runner.execute(
                 [BatchEntry(token_ids=prompt, start_pos=0, block_table=table, sample=False, params=GREEDY,
                             generator=None)]
             )
         yield [
-            BatchEntry(token_ids=[rng.randrange(50000)], start_pos=context, block_table=t, sample=True,
+            BatchEntry(token_ids=[rng.randrange(vocab)], start_pos=context, block_table=t, sample=True,
                        params=GREEDY, generator=None)
             for t in tables
         ]

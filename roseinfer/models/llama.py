@@ -27,6 +27,7 @@ from torch import nn
 from roseinfer.attention.base import AttentionBackend, AttentionMetadata
 from roseinfer.attention.torch_ref import TorchPagedAttention
 from roseinfer.config import ModelConfig
+from roseinfer.models.pointwise import rms_norm, rope_, silu_mul
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -51,17 +52,6 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     return torch.where(between, blended, scaled)
 
 
-def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in place on [T, heads, D], Hugging Face's layout: dimension i turns with i + D/2 ("rotate half").
-
-    Hugging Face's x * cos + cat(-x2, x1) * sin, with its minus folded into the sine's first half
-    (`signed_sin`, made once a step): the same products and sum, bit for bit, in four operations instead of
-    seven, and written back where x lives, so q, k and v stay views of the projection's one buffer.
-    """
-    turned = x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin)  # cat(x2, x1) * (-sin1, sin2)
-    return x.mul_(cos).add_(turned)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -69,12 +59,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # torch's one call computes exactly the lines below, in fewer operations
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # In fp32 whatever the run dtype, then back, as transformers does (bf16 tokens stay comparable).
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -90,7 +75,7 @@ class Attention(nn.Module):
         num_tokens, heads, kv_heads = x.shape[0], self.n_head, self.n_kv_head
         # [T, heads + 2 * kv_heads, D]: each token's q heads, then its k heads, then its v heads.
         qkv = self.qkv_proj(x).view(num_tokens, heads + 2 * kv_heads, self.head_dim)
-        rotate_(qkv[:, : heads + kv_heads], cos, signed_sin)  # q and k turn together, in place
+        rope_(qkv[:, : heads + kv_heads], cos, signed_sin)  # q and k turn together, in place
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.n_head * self.head_dim))
@@ -103,8 +88,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -148,7 +132,7 @@ class Llama(nn.Module):
         angles = positions.float()[:, None] * self.inv_freq.float()[None, :]
         cos = torch.cat((angles, angles), dim=-1)[:, None, :].cos().to(x.dtype)  # [T, 1 (heads), D]
         sin = angles.sin()
-        signed_sin = torch.cat((-sin, sin), dim=-1)[:, None, :].to(x.dtype)  # rotate_'s
+        signed_sin = torch.cat((-sin, sin), dim=-1)[:, None, :].to(x.dtype)  # rope_'s
         for layer, block in enumerate(self.layers):
             x = block(x, kv_caches[layer], meta, self.attention, cos, signed_sin)
         return self.norm(x)

@@ -241,9 +241,11 @@ class PackedLinear(nn.Module):
             columns = load_f32_linear_kernel().linear_f32_panel_columns()
             self._panels = pack_f32_panels(weight.detach(), columns)
             self._panel_bias = pad_to_panels(bias, columns)
+            self._bind_own_kernel(load_f32_linear_kernel().linear_f32, self._panels, self._panel_bias, torch.float32)
         if self.kernel == "roseinfer":
             self._weight = pack_panels(weight.detach(), PANEL_COLUMNS)
             self._bias = pad_to_panels(bias, PANEL_COLUMNS)  # fp32: the kernel adds it before rounding
+            self._bind_own_kernel(load_bf16_linear_kernel().linear_bf16, self._weight, self._bias, torch.bfloat16)
             return
         self._bias = bias.detach().to(weight.dtype).contiguous() if bias is not None else None
         if self.kernel == "torch":
@@ -251,16 +253,35 @@ class PackedLinear(nn.Module):
             return
         self._weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_FOR_ROWS)
 
+    def _bind_own_kernel(self, fn, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        """Keep the call to roseinfer's fp32 or bf16 kernel (one signature) with what is fixed at load time: a
+        step at batch 1 is a hundred or more projection calls of tens of microseconds each, so the checks and
+        lookups that depend only on the weight are made here, once, not in every call."""
+        self._own = (fn, weight.data_ptr(), bias.data_ptr() if bias is not None else None,
+                     int(self.activation == "gelu_tanh"), dtype, weight.shape[1] * (2 if dtype == torch.bfloat16 else 1))
+        self._own_tensors = (weight, bias)  # what the pointers point into, kept alive with them
+
+    def _own_kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        fn, weight, bias, gelu, dtype, k = self._own
+        if rows.shape[1] != k:
+            raise ValueError(f"{self}: x has {rows.shape[1]} columns, the weight {k}")
+        if rows.stride(1) != 1 or rows.dtype != dtype:
+            rows = rows.to(dtype).contiguous()
+        y = torch.empty(rows.shape[0], self.out_features, dtype=dtype)
+        if fn(rows.data_ptr(), rows.stride(0), weight, bias, gelu, y.data_ptr(), rows.shape[0], self.out_features, k,
+              torch.get_num_threads()):
+            raise MemoryError(f"{self}: the kernel failed on x {tuple(rows.shape)}")
+        return y
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1])
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         compiling = torch.compiler.is_compiling()
         if self.kernel == "roseinfer":
-            gelu = self.activation == "gelu_tanh"
-            if compiling:
-                y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
+            if compiling:  # one opaque operator for torch.compile: see bf16_linear_op
+                y = torch.ops.roseinfer.bf16_linear(rows, self._weight, self._bias, self.activation == "gelu_tanh",
+                                                    self.out_features)
             else:
-                y = bf16_linear(rows, self._weight, self._bias, gelu, self.out_features)
+                y = self._own_kernel(rows)
         elif self.kernel in QUANTIZED:
             if compiling:
                 raise NotImplementedError("int8 projections are not traced by torch.compile (compile_decode)")
@@ -271,7 +292,7 @@ class PackedLinear(nn.Module):
             else:
                 y = i8_linear(rows, self._weight, self._scale, self._bias, gelu, self.out_features)
         elif self._panels is not None and not compiling and rows.shape[0] <= self.small_rows:
-            y = f32_linear(rows, self._panels, self._panel_bias, self.activation == "gelu_tanh", self.out_features)
+            y = self._own_kernel(rows)  # fp32 on roseinfer's kernel, for few rows
         elif self.kernel == "torch" or (not compiling and rows.shape[0] <= self.small_rows):
             y = F.linear(rows, self._dense, self._bias)
             if self.activation == "gelu_tanh":
@@ -282,7 +303,7 @@ class PackedLinear(nn.Module):
             )
         else:
             y = torch.ops.mkldnn._linear_pointwise(rows, self._weight, self._bias, self._attr, [], self._algorithm)
-        return y.view(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         if self.kernel in QUANTIZED:  # the dequantized weights: what the int8 kernels compute with

@@ -4,7 +4,8 @@
 `linear_bf16.c` (the bf16 projection, roseinfer.models.packed_linear, and the
 bf16 greedy argmax, roseinfer.sampling), `linear_f32.c` (the fp32
 projection of a few rows and the int8-weight one, packed_linear) and
-`linear_w8a8.c` (int8 weights and activations) are built at first use by `build.py`;
+`linear_w8a8.c` (int8 weights and activations) and `pointwise.c` (the Llama
+block's RMSNorm, RoPE and silu(gate) * up, roseinfer.models.pointwise) are built at first use by `build.py`;
 each loader here returns None where its kernel cannot run, and the caller
 takes its torch path.
 """
@@ -22,6 +23,7 @@ PAGED_DECODE_SOURCE = KERNELS_DIR / "paged_decode.c"
 BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
 F32_KERNEL_SOURCE = KERNELS_DIR / "linear_f32.c"
 W8A8_KERNEL_SOURCE = KERNELS_DIR / "linear_w8a8.c"
+POINTWISE_SOURCE = KERNELS_DIR / "pointwise.c"
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
@@ -106,6 +108,27 @@ def load_f32_linear_kernel() -> ctypes.CDLL | None:
     lib.linear_i8.restype = ctypes.c_int
     lib.linear_i8.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 4
+    return lib
+
+
+@functools.cache
+def load_pointwise_kernel() -> ctypes.CDLL | None:
+    """pointwise.c's RMSNorm, RoPE and silu(gate) * up in fp32 and bf16, or None where it cannot be built."""
+    lib = load_kernel_library(POINTWISE_SOURCE, "RMSNorm / RoPE / SiLU", "torch's operators")
+    return bind_pointwise(lib) if lib is not None else None
+
+
+def bind_pointwise(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """pointwise.c's signatures on a library built from it (tests build it for other CPU classes too)."""
+    rows, pointer, size, real = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    for dtype in ("f32", "bf16"):
+        for name, argtypes in (
+            ("rms_norm", [pointer, size, pointer, real, pointer, rows, size, ctypes.c_int64]),
+            ("rope", [pointer, size, size, size, pointer, pointer, rows]),
+            ("silu_mul", [pointer, size, size, pointer, rows, ctypes.c_int64]),
+        ):
+            fn = getattr(lib, f"{name}_{dtype}")
+            fn.restype, fn.argtypes = None, argtypes
     return lib
 
 
