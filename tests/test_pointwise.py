@@ -82,3 +82,8 @@ def test_what_the_kernel_cannot_read_takes_the_reference(monkeypatch):
     y = torch.randn(2, 8)
     assert torch.equal(pointwise.rms_norm(y, torch.ones(8), 1e-6), pointwise.rms_norm_reference(y, torch.ones(8), 1e-6))
     assert called == []
+
+
+def test_a_norm_weight_of_another_size_is_torchs_error_not_a_read_past_it(kernel):
+    with pytest.raises(RuntimeError):
+        pointwise.rms_norm(torch.randn(2, 8), torch.ones(4), 1e-6)

@@ -44,8 +44,8 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * weight over the last dimension; a new tensor of x's shape."""
     lib = _kernel_for(x)
-    if lib is None or x.dim() != 2 or weight.dtype != x.dtype or weight.stride(0) != 1:
-        return rms_norm_reference(x, weight, eps)
+    if lib is None or x.dim() != 2 or weight.shape != x.shape[1:] or weight.dtype != x.dtype or weight.stride(0) != 1:
+        return rms_norm_reference(x, weight, eps)  # (which raises on a weight of another size)
     out = torch.empty_like(x)
     getattr(lib, f"rms_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), x.stride(0), weight.data_ptr(), eps, out.data_ptr(),
                                                  x.shape[0], x.shape[1], torch.get_num_threads())
@@ -66,7 +66,8 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
     lives, so q, k and v stay views of the projection's one buffer.
     """
     lib = _kernel_for(cos)  # x is a view of q and k's heads in the projection's rows: not contiguous
-    if (lib is None or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.dtype != cos.dtype
+    if (lib is None or x.dim() != 3 or x.shape[2] % 2 or x.stride(2) != 1 or x.stride(1) != x.shape[2]
+            or x.dtype != cos.dtype
             or cos.shape != (x.shape[0], 1, x.shape[2]) or signed_sin.shape != cos.shape or signed_sin.dtype != cos.dtype
             or not signed_sin.is_contiguous() or not x.is_cpu):
         return rope_reference_(x, cos, signed_sin)
