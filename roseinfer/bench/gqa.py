@@ -105,15 +105,18 @@ def blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int = 
 
 def serve_once(engine: InferenceEngine, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
     """All the prompts at once through one scheduler, greedy: output tok/s, the most sequences that ran in one
-    step, and the preemptions the pool forced."""
+    step, the preemptions the pool forced, and tok/s's two factors: the sequences a step emitted a token for, on
+    average, and the mean time of a step (tok/s = mean_in_a_step / step_ms, in tokens a millisecond)."""
     scheduler = engine.new_scheduler(max_batch_size=len(prompts))
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_on_eos=False)
     start = time.perf_counter()
     rids = [engine.add_request(scheduler, prompt_token_ids=p, params=params) for p in prompts]
-    most = 0
+    most = steps = emitted = 0
     while scheduler.has_unfinished():
-        most = max(most, len(engine.step(scheduler)))
+        outputs = len(engine.step(scheduler))
+        most, steps, emitted = max(most, outputs), steps + 1, emitted + outputs
     seconds = time.perf_counter() - start
     tokens = sum(len(scheduler.pop_response(r).token_ids) for r in rids)
-    return {"tok_s": tokens / seconds, "most_in_a_step": most,
-            "preemptions": scheduler.kv_stats()["num_preemptions"], "seconds": seconds}
+    return {"tok_s": tokens / seconds, "most_in_a_step": most, "mean_in_a_step": emitted / steps,
+            "step_ms": seconds / steps * 1e3, "preemptions": scheduler.kv_stats()["num_preemptions"],
+            "seconds": seconds}
