@@ -257,9 +257,9 @@ class PackedLinear(nn.Module):
         """Keep the call to roseinfer's fp32 or bf16 kernel (one signature) with what is fixed at load time: a
         step at batch 1 is a hundred or more projection calls of tens of microseconds each, so the checks and
         lookups that depend only on the weight are made here, once, not in every call."""
+        # The pointers point into this layer's own _panels/_weight and bias, which _pack rebinds with them.
         self._own = (fn, weight.data_ptr(), bias.data_ptr() if bias is not None else None,
                      int(self.activation == "gelu_tanh"), dtype, weight.shape[1] * (2 if dtype == torch.bfloat16 else 1))
-        self._own_tensors = (weight, bias)  # what the pointers point into, kept alive with them
 
     def _own_kernel(self, rows: torch.Tensor) -> torch.Tensor:
         fn, weight, bias, gelu, dtype, k = self._own
