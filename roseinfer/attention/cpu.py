@@ -162,14 +162,19 @@ class CpuPagedAttention(TorchPagedAttention):
         With `key` and `value` the step's new K/V are first written at meta.slot_mapping, by the
         kernel; without, they must already be in the cache.
         """
-        # The kernel reads int32 tables and int64 slots; convert once a forward, not once a layer.
+        tables, lens, slots = self.decode_tables(meta)
+        return self._attend(query, k_cache, v_cache, tables, lens, meta.max_context_len, scale, key, value, slots)
+
+    @staticmethod
+    def decode_tables(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(block tables, context lengths, slots) as the kernel reads them (int32, int32, int64), converted once a
+        forward, not once a layer."""
         state = meta.backend_state
         if "cpu_tables" not in state:
             state["cpu_tables"] = meta.block_tables.to(torch.int32).contiguous()
             state["cpu_lens"] = meta.context_lens.to(torch.int32).contiguous()
             state["cpu_slots"] = meta.slot_mapping.to(torch.int64).contiguous()
-        return self._attend(query, k_cache, v_cache, state["cpu_tables"], state["cpu_lens"], meta.max_context_len,
-                            scale, key, value, state["cpu_slots"])
+        return state["cpu_tables"], state["cpu_lens"], state["cpu_slots"]
 
     def prefill(
         self,
@@ -235,6 +240,13 @@ class CpuPagedAttention(TorchPagedAttention):
         pointers = [query.data_ptr(), *new_kv, query.stride(0), num_slots]
         pointers += [t.data_ptr() for t in (k_cache, v_cache, tables, lens, out)]
 
+        status = kernel(*pointers, num_seqs, *self.kernel_pieces(num_seqs, max_context_len, heads, kv_heads, head_dim), *fixed)
+        if status:
+            raise kernel_error(status, slots, tables, lens, k_cache.shape[:2], row_seqs)
+        return out
+
+    def kernel_pieces(self, num_seqs: int, max_context_len: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+        """(seq_parts, head_group, threads) for the kernel: how a step's attention is cut, on how many threads."""
         # Waking torch's worker threads for a piece of the step costs a few microseconds: tiny
         # steps (a few short contexts) run on this thread alone.
         work = num_seqs * max_context_len * heads
@@ -242,10 +254,7 @@ class CpuPagedAttention(TorchPagedAttention):
         threads = min(threads, self.max_seq_parts) if work >= SPLIT_ABOVE_ROW_TOKENS else 1
         seq_parts, head_group = plan_pieces(num_seqs, kv_heads, head_dim, threads, self.max_span, self.max_span_heads,
                                             heads // kv_heads)
-        status = kernel(*pointers, num_seqs, seq_parts, head_group, threads, *fixed)
-        if status:
-            raise _kernel_error(status, slots, tables, lens, k_cache.shape[:2], row_seqs)
-        return out
+        return seq_parts, head_group, threads
 
 
 def kernel_refusal(query, key, value, k_cache, v_cache, max_block_size: int, max_span: int) -> str | None:
@@ -270,7 +279,7 @@ def kernel_refusal(query, key, value, k_cache, v_cache, max_block_size: int, max
     return None
 
 
-def _kernel_error(status: int, slots, tables, lens, cache_blocks: torch.Size, row_seqs) -> Exception:
+def kernel_error(status: int, slots, tables, lens, cache_blocks: torch.Size, row_seqs) -> Exception:
     """The exception for a kernel's refusal: which sequence, and what was wrong with it."""
     num_blocks, block_size = cache_blocks
     if status & STATUS_BAD_TABLE:

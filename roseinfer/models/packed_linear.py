@@ -113,6 +113,7 @@ PROBE_REPEATS = 25
 # A probe on weights cycled through memory was no better: it hid the fixed cost, and called a tie the batch-1
 # step the kernel won by 10%.
 SMALL_ROWS_MARGIN = 0.75
+packs = 0  # weights (re)packed in this process, by construction or load_state_dict
 
 
 def bf16_kernel_wanted(dtype: torch.dtype, cpu_linear: str = "auto") -> bool:
@@ -221,6 +222,8 @@ class PackedLinear(nn.Module):
         return cls(linear.weight, linear.bias, activation, cpu_linear)
 
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        global packs
+        packs += 1  # (models/fused_decode.py keeps weight addresses until the next pack)
         self.has_bias = bias is not None
         small_torch = self.small_rows and self.small_kernel == "torch"
         # The dense weight, kept only where F.linear reads it. A view, not a copy: for the LM head it is

@@ -4,8 +4,10 @@
 `linear_bf16.c` (the bf16 projection, roseinfer.models.packed_linear, and the
 bf16 greedy argmax, roseinfer.sampling), `linear_f32.c` (the fp32
 projection of a few rows and the int8-weight one, packed_linear) and
-`linear_w8a8.c` (int8 weights and activations) and `pointwise.c` (the Llama
-block's RMSNorm, RoPE and silu(gate) * up, roseinfer.models.pointwise) are built at first use by `build.py`;
+`linear_w8a8.c` (int8 weights and activations), `pointwise.c` (the Llama
+block's RMSNorm, RoPE and silu(gate) * up, roseinfer.models.pointwise) and
+`decode_layers.c` (a decode step's Llama layers in one call over the others,
+roseinfer.models.fused_decode) are built at first use by `build.py`;
 each loader here returns None where its kernel cannot run, and the caller
 takes its torch path.
 """
@@ -24,6 +26,9 @@ BF16_KERNEL_SOURCE = KERNELS_DIR / "linear_bf16.c"
 F32_KERNEL_SOURCE = KERNELS_DIR / "linear_f32.c"
 W8A8_KERNEL_SOURCE = KERNELS_DIR / "linear_w8a8.c"
 POINTWISE_SOURCE = KERNELS_DIR / "pointwise.c"
+DECODE_LAYERS_SOURCE = KERNELS_DIR / "decode_layers.c"
+# decode_layers.c's argument arrays, in its enums' order: (functions, fields a layer, dims, buffers, step tensors).
+DECODE_LAYERS_SHAPE = (5, 7, 16, 7, 7)
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
@@ -130,6 +135,24 @@ def bind_pointwise(lib: ctypes.CDLL) -> ctypes.CDLL:
             fn = getattr(lib, f"{name}_{dtype}")
             fn.restype, fn.argtypes = None, argtypes
     return lib
+
+
+@functools.cache
+def load_decode_layers_kernel() -> ctypes.CDLL | None:
+    """decode_layers.c: every Llama decoder layer of a decode step in one call, or None where it cannot be built."""
+    lib = load_kernel_library(DECODE_LAYERS_SOURCE, "decode layers in one call", "a call per operation")
+    if lib is None:
+        return None
+    assert tuple(lib.decode_layers_shape(i) for i in range(5)) == DECODE_LAYERS_SHAPE, \
+        "decode_layers.c and bindings.py disagree"
+    lib.decode_layers.restype = ctypes.c_int
+    lib.decode_layers.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_float] * 2
+    return lib
+
+
+def function_address(lib: ctypes.CDLL, name: str) -> int:
+    """Where a library's function lives, to hand it to another kernel (decode_layers.c) as a pointer."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
 def pad_to_panels(values: torch.Tensor | None, columns: int, fill: float = 0.0) -> torch.Tensor | None:
