@@ -1,8 +1,10 @@
-"""The Llama block's RMSNorm, RoPE and silu(gate) * up: roseinfer's C kernel (pointwise.c) against the torch
-reference it replaces, in fp32 and bf16, on this CPU's build and (on x86-64) the AVX2 class's and a portable one."""
+"""The Llama block's RMSNorm, RoPE and silu(gate) * up and GPT-2's LayerNorm: roseinfer's C kernel (pointwise.c)
+against the torch reference it replaces, in fp32 and bf16, on this CPU's build and (on x86-64) the AVX2 class's and
+a portable one."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from kernel_classes import build_classes
 
 from roseinfer.kernels.cpu.bindings import POINTWISE_SOURCE, bind_pointwise, load_pointwise_kernel
@@ -30,10 +32,12 @@ def kernel(request):
         yield lib
 
 
-def within_rounding(got, want, dtype):
-    """fp32: a few ulps (a sum's order, the exp's polynomial); bf16: one bf16 rounding step at most."""
+def within_rounding(got, want, dtype, atol=None):
+    """fp32: a few ulps (a sum's order, the exp's polynomial); bf16: one bf16 rounding step at most. `atol`: where
+    fp32 intermediates may differ by more than the output's ulps (LayerNorm's mean, near outputs of about 0)."""
     assert got.dtype == want.dtype and got.shape == want.shape
-    rtol, atol = (4e-6, 1e-7) if dtype == torch.float32 else (2 ** -7, 1e-30)
+    rtol, default = (4e-6, 1e-7) if dtype == torch.float32 else (2 ** -7, 1e-30)
+    atol = default if atol is None else atol
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
 
 
@@ -44,6 +48,17 @@ def test_rms_norm_is_the_reference(kernel, dtype, rows, dim):
     x = (torch.randn(rows, dim, generator=gen) * 3).to(dtype)
     weight = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
     within_rounding(pointwise.rms_norm(x, weight, 1e-6), pointwise.rms_norm_reference(x, weight, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, dim", [(1, 768), (3, 40), (40, 768), (0, 64)])
+def test_layer_norm_is_the_reference(kernel, dtype, rows, dim):
+    gen = torch.Generator().manual_seed(rows * 5 + dim)
+    x = (torch.randn(rows, dim, generator=gen) * 3 + 20).to(dtype)  # a mean far from 0: no cancellation in the variance
+    weight = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
+    bias = (0.1 * torch.randn(dim, generator=gen)).to(dtype)
+    got, want = pointwise.layer_norm(x, weight, bias, 1e-5), F.layer_norm(x, (dim,), weight, bias, 1e-5)
+    within_rounding(got, want, dtype, atol=2e-6)  # the mean's last bit (about 20: 2e-6), times 1 / std (about 1/3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -87,3 +102,7 @@ def test_what_the_kernel_cannot_read_takes_the_reference(monkeypatch):
 def test_a_norm_weight_of_another_size_is_torchs_error_not_a_read_past_it(kernel):
     with pytest.raises(RuntimeError):
         pointwise.rms_norm(torch.randn(2, 8), torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError):
+        pointwise.layer_norm(torch.randn(2, 8), torch.ones(4), torch.zeros(4), 1e-5)
+    with pytest.raises(RuntimeError):
+        pointwise.layer_norm(torch.randn(2, 8), torch.ones(8), torch.zeros(4), 1e-5)

@@ -99,8 +99,10 @@ class GPT2(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, n_embd] after the final LayerNorm."""
         x = self.wte(input_ids) + self.wpe(positions)
-        for layer, block in enumerate(self.h):
-            x = block(x, kv_caches[layer], meta, self.attention)
+        fused = self.__dict__.get("_fused_decode")  # all layers in one C call, where it takes this step
+        if fused is None or not fused.run(x, kv_caches, meta, self.attention):
+            for layer, block in enumerate(self.h):
+                x = block(x, kv_caches[layer], meta, self.attention)
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -115,6 +117,7 @@ class GPT2(nn.Module):
         kept out of the module tree (and the state_dict): the embedding still
         needs the dense matrix. Call it after loading weights.
         """
+        from roseinfer.models.fused_decode import GPT2_LAYER, FusedDecode
         from roseinfer.models.packed_linear import PackedLinear, pack_linears
 
         for block in self.h:
@@ -122,6 +125,8 @@ class GPT2(nn.Module):
             block.mlp.act = nn.Identity()
         pack_linears(self.h, cpu_linear)
         self.__dict__["_packed_lm_head"] = PackedLinear(self.wte.weight, None, cpu_linear=cpu_linear)
+        # Decode steps whose projections all run roseinfer's own kernels: every layer in one C call.
+        self.__dict__["_fused_decode"] = FusedDecode.for_model(self.h, GPT2_LAYER, self.config)
 
     @torch.no_grad()
     def init_random_(self, seed: int) -> GPT2:

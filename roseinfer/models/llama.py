@@ -134,7 +134,7 @@ class Llama(nn.Module):
         sin = angles.sin()
         signed_sin = torch.cat((-sin, sin), dim=-1)[:, None, :].to(x.dtype)  # rope_'s
         fused = self.__dict__.get("_fused_decode")  # all layers in one C call, where it takes this step
-        if fused is None or not fused.run(x, cos, signed_sin, kv_caches, meta, self.attention):
+        if fused is None or not fused.run(x, kv_caches, meta, self.attention, cos, signed_sin):
             for layer, block in enumerate(self.layers):
                 x = block(x, kv_caches[layer], meta, self.attention, cos, signed_sin)
         return self.norm(x)
@@ -150,12 +150,12 @@ class Llama(nn.Module):
         """Every projection, and the LM head, in the CPU kernels' layout (see GPT2.pack_for_cpu)."""
         from roseinfer.models.packed_linear import PackedLinear, pack_linears
 
-        from roseinfer.models.fused_decode import FusedDecode
+        from roseinfer.models.fused_decode import LLAMA_LAYER, FusedDecode
 
         pack_linears(self.layers, cpu_linear)
         self.__dict__["_packed_lm_head"] = PackedLinear(self.head_weight(), None, cpu_linear=cpu_linear)
         # Decode steps whose projections all run roseinfer's own kernels: every layer in one C call.
-        self.__dict__["_fused_decode"] = FusedDecode.for_model(self.layers)
+        self.__dict__["_fused_decode"] = FusedDecode.for_model(self.layers, LLAMA_LAYER, self.config)
 
     @torch.no_grad()
     def init_random_(self, seed: int) -> Llama:

@@ -1,10 +1,11 @@
-"""The Llama block's small operations: RMSNorm, the rotary embedding of q and k, and silu(gate) * up.
+"""The small operations between projections: Llama's RMSNorm, rotary embedding of q and k and silu(gate) * up,
+and GPT-2's LayerNorm (for the one-call decode path, models/fused_decode.py).
 
 Each is written twice. The torch functions (`*_reference`) are the definition, in transformers' order of
 operations. On a CPU, roseinfer's C kernel (kernels/cpu/pointwise.c) computes the same in one call: at
 batch 1 torch's operators spend 10-17 us each on a few kilobytes (dispatch, checks, allocations), and a
 SmolLM2-shaped step runs about 150 of them, while a ctypes call costs 2-3 us. RoPE matches the reference
-bit for bit; RMSNorm and SiLU may differ in the last bit (the order of a sum, the exp's polynomial).
+bit for bit; RMSNorm, LayerNorm and SiLU may differ in the last bit (the order of a sum, the exp's polynomial).
 
 The kernel takes a call on the CPU, in fp32 or bf16, on contiguous rows and when torch.compile is not tracing (it fuses the reference itself); anything else takes the reference. Where
 the kernel cannot be built, every call does. `use_kernel = False` sends every call to the reference (to
@@ -49,6 +50,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     getattr(lib, f"rms_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), x.stride(0), weight.data_ptr(), eps, out.data_ptr(),
                                                  x.shape[0], x.shape[1], torch.get_num_threads())
+    return out
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(variance + eps) * weight + bias over the last dimension (GPT-2's); a new tensor.
+
+    GPT-2's layer loop keeps torch's nn.LayerNorm: unlike RMSNorm it is one fused operator, a few us faster a
+    call than this binding (benchmark_decode_layers.py). The C kernel serves decode_layers.c, which calls it
+    without Python; this function is its door for the tests against F.layer_norm."""
+    lib = _kernel_for(x)
+    if (lib is None or x.dim() != 2 or weight.shape != x.shape[1:] or bias.shape != weight.shape
+            or weight.dtype != x.dtype or bias.dtype != x.dtype or weight.stride(0) != 1 or bias.stride(0) != 1):
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)  # the reference (which raises on a wrong size)
+    out = torch.empty_like(x)
+    getattr(lib, f"layer_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), x.stride(0), weight.data_ptr(), bias.data_ptr(), eps,
+                                                   out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return out
 
 

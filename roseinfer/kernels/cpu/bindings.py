@@ -5,8 +5,8 @@
 bf16 greedy argmax, roseinfer.sampling), `linear_f32.c` (the fp32
 projection of a few rows and the int8-weight one, packed_linear) and
 `linear_w8a8.c` (int8 weights and activations), `pointwise.c` (the Llama
-block's RMSNorm, RoPE and silu(gate) * up, roseinfer.models.pointwise) and
-`decode_layers.c` (a decode step's Llama layers in one call over the others,
+block's RMSNorm, RoPE and silu(gate) * up, GPT-2's LayerNorm, roseinfer.models.pointwise) and
+`decode_layers.c` (a decode step's layers in one call over the others,
 roseinfer.models.fused_decode) are built at first use by `build.py`;
 each loader here returns None where its kernel cannot run, and the caller
 takes its torch path.
@@ -28,7 +28,7 @@ W8A8_KERNEL_SOURCE = KERNELS_DIR / "linear_w8a8.c"
 POINTWISE_SOURCE = KERNELS_DIR / "pointwise.c"
 DECODE_LAYERS_SOURCE = KERNELS_DIR / "decode_layers.c"
 # decode_layers.c's argument arrays, in its enums' order: (functions, fields a layer, dims, buffers, step tensors).
-DECODE_LAYERS_SHAPE = (5, 7, 16, 7, 7)
+DECODE_LAYERS_SHAPE = (5, 12, 17, 7, 7)
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4
@@ -118,8 +118,8 @@ def load_f32_linear_kernel() -> ctypes.CDLL | None:
 
 @functools.cache
 def load_pointwise_kernel() -> ctypes.CDLL | None:
-    """pointwise.c's RMSNorm, RoPE and silu(gate) * up in fp32 and bf16, or None where it cannot be built."""
-    lib = load_kernel_library(POINTWISE_SOURCE, "RMSNorm / RoPE / SiLU", "torch's operators")
+    """pointwise.c's RMSNorm, RoPE, silu(gate) * up and LayerNorm in fp32 and bf16, or None where it cannot be built."""
+    lib = load_kernel_library(POINTWISE_SOURCE, "RMSNorm / RoPE / SiLU / LayerNorm", "torch's operators")
     return bind_pointwise(lib) if lib is not None else None
 
 
@@ -129,6 +129,7 @@ def bind_pointwise(lib: ctypes.CDLL) -> ctypes.CDLL:
     for dtype in ("f32", "bf16"):
         for name, argtypes in (
             ("rms_norm", [pointer, size, pointer, real, pointer, rows, size, ctypes.c_int64]),
+            ("layer_norm", [pointer, size, pointer, pointer, real, pointer, rows, size, ctypes.c_int64]),
             ("rope", [pointer, size, size, size, pointer, pointer, rows]),
             ("silu_mul", [pointer, size, size, pointer, rows, ctypes.c_int64]),
         ):
@@ -139,7 +140,7 @@ def bind_pointwise(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @functools.cache
 def load_decode_layers_kernel() -> ctypes.CDLL | None:
-    """decode_layers.c: every Llama decoder layer of a decode step in one call, or None where it cannot be built."""
+    """decode_layers.c: every decoder layer of a decode step in one call, or None where it cannot be built."""
     lib = load_kernel_library(DECODE_LAYERS_SOURCE, "decode layers in one call", "a call per operation")
     if lib is None:
         return None

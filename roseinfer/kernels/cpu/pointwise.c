@@ -1,5 +1,6 @@
 /* The small operations between a Llama layer's projections, one call each: RMSNorm, the rotary
- * embedding (RoPE) of q and k, and the gated MLP's silu(gate) * up. In fp32 and in bf16.
+ * embedding (RoPE) of q and k, and the gated MLP's silu(gate) * up; and GPT-2's LayerNorm. In fp32 and
+ * in bf16.
  *
  * Why in C? At batch 1 each of these touches a few kilobytes, yet torch's operators take 10-17 us
  * apiece (F.rms_norm on 576 values: 16 us; RoPE as roll, mul, mul, add: 16 us) in dispatch, checks
@@ -13,6 +14,8 @@
  * - RoPE: x * cos + rotate_half(x) * sin, rotate_half's minus folded into `signed_sin` (see
  *   models/llama.py): every product rounded on its own, then the sum, as torch's separate operators
  *   round them. FMA contraction is off in this file for that, so fp32 and bf16 match torch bit for bit.
+ * - LayerNorm: (x - mean) / sqrt(variance + eps) * w + b in fp32 (bf16: widened, rounded once at the end);
+ *   the sums' order differs from torch's, so the last bit may.
  * - silu(g) * u = g / (1 + exp(-g)) * u, exp from vector_math.h's polynomial (within a few ulps of
  *   torch's); bf16 rounds silu's result, then the product, as torch's two operators do.
  *
@@ -114,6 +117,62 @@ void rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *w, float
         const float scale = inverse_rms(wide, dim, eps);
         uint16_t *out = y + r * dim;
         for (int64_t k = 0; k < dim; ++k) out[k] = f32_to_bf16(bf16_to_f32(w[k]) * round_bf16(wide[k] * scale));
+    }
+}
+
+/* GPT-2's LayerNorm: the row's mean and 1 / sqrt(variance + eps), in two passes over it (the sum, then the
+ * squares about the mean: no cancellation), summed in VL lanes and then across them. */
+static void moments(const float *x, int64_t dim, float eps, float *mean, float *rstd) {
+    vf lanes = splat(0.0f);
+    int64_t k = 0;
+    for (; k + VL <= dim; k += VL) {
+        vf v;
+        memcpy(&v, x + k, sizeof v);
+        lanes += v;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < VL; ++i) sum += lanes[i];
+    for (; k < dim; ++k) sum += x[k];
+    const float m = sum / (float)dim;
+    lanes = splat(0.0f);
+    for (k = 0; k + VL <= dim; k += VL) {
+        vf v;
+        memcpy(&v, x + k, sizeof v);
+        v -= m;
+        lanes += v * v;
+    }
+    sum = 0.0f;
+    for (int i = 0; i < VL; ++i) sum += lanes[i];
+    for (; k < dim; ++k) sum += (x[k] - m) * (x[k] - m);
+    *mean = m;
+    *rstd = 1.0f / sqrtf(sum / (float)dim + eps);
+}
+
+void layer_norm_f32(const float *x, int64_t x_stride, const float *w, const float *b, float eps, float *y,
+                    int64_t rows, int64_t dim, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (rows * dim >= PARALLEL_ABOVE)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * x_stride;
+        float mean, rstd;
+        moments(row, dim, eps, &mean, &rstd);
+        float *out = y + r * dim;
+        for (int64_t k = 0; k < dim; ++k) out[k] = (row[k] - mean) * rstd * w[k] + b[k];
+    }
+}
+
+/* In fp32 from the widened row, weight and bias, rounded to bf16 once, as torch's CPU kernel does. */
+void layer_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *w, const uint16_t *b, float eps,
+                     uint16_t *y, int64_t rows, int64_t dim, int64_t threads) {
+#pragma omp parallel for num_threads(threads) if (rows * dim >= PARALLEL_ABOVE)
+    for (int64_t r = 0; r < rows; ++r) {
+        float wide[dim];
+        const uint16_t *row = x + r * x_stride;
+        for (int64_t k = 0; k < dim; ++k) wide[k] = bf16_to_f32(row[k]);
+        float mean, rstd;
+        moments(wide, dim, eps, &mean, &rstd);
+        uint16_t *out = y + r * dim;
+        for (int64_t k = 0; k < dim; ++k)
+            out[k] = f32_to_bf16((wide[k] - mean) * rstd * bf16_to_f32(w[k]) + bf16_to_f32(b[k]));
     }
 }
 

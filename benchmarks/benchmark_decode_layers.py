@@ -1,18 +1,19 @@
-"""What the Llama block's C calls buy a decode step, and how far the step then is from its floor.
+"""What the C calls between the projections buy a decode step, and how far the step then is from its floor.
 
-    python benchmarks/benchmark_llama_step.py --model smollm2-135m --batches 1 32 --dtypes float32 bfloat16
+    python benchmarks/benchmark_decode_layers.py --models smollm2-135m gpt2 --batches 1 32 --dtypes float32 bfloat16
 
-A Llama layer runs eleven operations. Three sides of the same decode step (contexts of `--context`
-tokens), alternated `--rounds` times in one engine so all see the same machine:
-- "torch": RMSNorm, RoPE, silu(gate) * up and the residual adds as torch's operators
+Three sides of the same decode step (contexts of `--context` tokens), alternated `--rounds` times in
+one engine so all see the same machine:
+- "torch": the norms, RoPE, silu(gate) * up and the residual adds as torch's operators
   (`pointwise.use_kernel = False`), a Python call per operation;
 - "kernels": each small operation one C call (kernels/cpu/pointwise.c), still a Python call per
   operation (`fused_decode.enabled = False`);
 - "fused": every layer of the step in one C call (kernels/cpu/decode_layers.c), where the engine's
-  projections all run roseinfer's own kernel (models/fused_decode.py); otherwise as "kernels".
+  projections all run roseinfer's own kernel (models/fused_decode.py: bf16 on a CPU with AVX512-BF16
+  and no AMX, fp32 at the few rows its probe gave roseinfer's kernel); otherwise as "kernels".
 Each round also measures the memory's read bandwidth, and each side's `x_floor` is its step time
 over the step's bytes (weights once, K/V) at that bandwidth. Then each small operation alone, per
-call. Writes results/cpu/llama_step.json: step medians per round, the ratios torch / kernels and
+call. Writes results/cpu/decode_layers.json: step medians per round, the ratios torch / kernels and
 kernels / fused (> 1: the second is faster) with their min-max over rounds, x_floor, per-call times.
 """
 
@@ -53,7 +54,7 @@ def per_call_us(fn, calls: int = 2000) -> float:
 
 
 def operations_us(config, dtype: torch.dtype, rows: int) -> dict[str, dict[str, float]]:
-    """Each operation alone on one layer's shapes, kernel against torch, in us a call."""
+    """Each small operation of the family alone on one layer's shapes, kernel against torch, in us a call."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, config.n_embd, generator=gen).to(dtype)
     weight = torch.ones(config.n_embd, dtype=dtype)
@@ -61,9 +62,12 @@ def operations_us(config, dtype: torch.dtype, rows: int) -> dict[str, dict[str, 
     turned = qkv[:, : config.n_head + config.n_kv_head]
     cos = torch.rand(rows, 1, config.head_dim, generator=gen).to(dtype)
     gate_up = torch.randn(rows, 2 * config.intermediate_size, generator=gen).to(dtype)
-    calls = {"rms_norm": lambda: pointwise.rms_norm(x, weight, 1e-5),
-             "rope": lambda: pointwise.rope_(turned, cos, cos),
-             "silu_mul": lambda: pointwise.silu_mul(gate_up)}
+    if config.family == "gpt2":
+        calls = {"layer_norm": lambda: pointwise.layer_norm(x, weight, weight, 1e-5)}
+    else:
+        calls = {"rms_norm": lambda: pointwise.rms_norm(x, weight, 1e-5),
+                 "rope": lambda: pointwise.rope_(turned, cos, cos),
+                 "silu_mul": lambda: pointwise.silu_mul(gate_up)}
     out = {}
     for name, call in calls.items():
         out[name] = {}
@@ -76,7 +80,7 @@ def operations_us(config, dtype: torch.dtype, rows: int) -> dict[str, dict[str, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--models", nargs="+", default=["smollm2-135m", "gpt2"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--context", type=int, default=96, help="tokens in each sequence's cache")
@@ -85,8 +89,8 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     bandwidth = read_bandwidth_meter("cpu", torch.float32)
-    for dtype in args.dtypes:
-        engine = InferenceEngine.from_pretrained(args.model, dtype=dtype, max_batch_size=max(args.batches))
+    for model, dtype in ((m, d) for m in args.models for d in args.dtypes):
+        engine = InferenceEngine.from_pretrained(model, dtype=dtype, max_batch_size=max(args.batches))
         elem = engine.runner.dtype.itemsize
         for batch in args.batches:
             sides: dict[str, list[float]] = {side: [] for side in SIDES}
@@ -100,7 +104,7 @@ def main() -> None:
                         sides[side].append(statistics.median(step_times_ms(engine, step, args.steps)))
                         x_floor[side].append(sides[side][-1] / floor_ms)
             use("fused")
-            row = {"dtype": dtype, "batch": batch, "context": args.context, "step_ms": sides,
+            row = {"model": model, "dtype": dtype, "batch": batch, "context": args.context, "step_ms": sides,
                    "torch_over_kernels": ratio_row(sides["torch"], sides["kernels"]),
                    "kernels_over_fused": ratio_row(sides["kernels"], sides["fused"]),
                    "x_floor": {side: statistics.median(x) for side, x in x_floor.items()},
@@ -108,14 +112,14 @@ def main() -> None:
                    "per_call_us": operations_us(engine.model_config, engine.runner.dtype, batch)}
             rows.append(row)
             medians = ", ".join(f"{side} {statistics.median(sides[side]):.1f}" for side in SIDES)
-            print(f"{dtype} batch {batch}: step ms {medians}; kernels over torch "
+            print(f"{model} {dtype} batch {batch}: step ms {medians}; kernels over torch "
                   f"{row['torch_over_kernels']['median']:.3f}x, fused over kernels "
                   f"{row['kernels_over_fused']['median']:.3f}x "
                   f"({row['kernels_over_fused']['range'][0]:.3f}-{row['kernels_over_fused']['range'][1]:.3f}); "
                   "x floor " + ", ".join(f"{side} {row['x_floor'][side]:.2f}" for side in SIDES))
             for name, us in row["per_call_us"].items():
                 print(f"    {name:9s} {us['kernel']:6.1f} us a call, torch {us['torch']:6.1f}")
-    path = write_json(results_dir() / "llama_step.json", make_result("llama_step", "current", vars(args), {"rows": rows}))
+    path = write_json(results_dir() / "decode_layers.json", make_result("decode_layers", "current", vars(args), {"rows": rows}))
     print(f"wrote {path}")
 
 
