@@ -29,3 +29,9 @@ def gqa_decode(q, k, v, scale):
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [tokens, heads, D]
     weights = ((k * q).sum(-1) * scale).softmax(dim=0)  # [tokens, heads]: each head's softmax over the tokens
     return (weights[..., None] * v).sum(0)
+
+
+def get_generated_ids(scheduler, request_id):
+    """Notebook 06: the request's output ids, copied: the caller owns the list, the scheduler keeps its own.
+    `scheduler._requests[request_id]` raises KeyError for an unknown id, as the scheduler's accessors do."""
+    return list(scheduler._requests[request_id].output_token_ids)

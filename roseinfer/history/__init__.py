@@ -46,6 +46,7 @@ TEACHING_SEAMS: list[str] = [
     # notebook 06: public accessors instead of scheduler internals
     "roseinfer.server.manager.SchedulerManager._pop_finished",
     "roseinfer.engine.scheduler.OnlineScheduler.get_generated_ids",
+    "roseinfer.engine.scheduler.OnlineScheduler.get_step_count",
     "roseinfer.engine.scheduler.OnlineScheduler.pop_response",
     # notebook 07 and tests/test_bench.py: one lock per step
     "roseinfer.server.manager.SchedulerManager._collect_step_records",
