@@ -69,8 +69,8 @@ class FusedDecode:
         self.lib = load_decode_layers_kernel()
         attention = getattr(load_paged_decode_kernel(), PAGED_DECODE_KERNELS[dtype])
         lib = load_pointwise_kernel()
-        self.fns = (ctypes.c_void_p * 5)(linear_address, *(function_address(lib, f"{name}_{SUFFIX[dtype]}")
-                                         for name in (anatomy.norm, "rope", "silu_mul")),
+        self.fns = (ctypes.c_void_p * 6)(linear_address, *(function_address(lib, f"{name}_{SUFFIX[dtype]}")
+                                         for name in (anatomy.norm, "rope", "silu_mul", "add")),
                                          ctypes.cast(attention, ctypes.c_void_p).value)
         self._table: tuple[int, torch.Tensor | None] | None = None  # (packed_linear.packs, table) it was read at
 

@@ -28,7 +28,7 @@ W8A8_KERNEL_SOURCE = KERNELS_DIR / "linear_w8a8.c"
 POINTWISE_SOURCE = KERNELS_DIR / "pointwise.c"
 DECODE_LAYERS_SOURCE = KERNELS_DIR / "decode_layers.c"
 # decode_layers.c's argument arrays, in its enums' order: (functions, fields a layer, dims, buffers, step tensors).
-DECODE_LAYERS_SHAPE = (5, 12, 17, 7, 7)
+DECODE_LAYERS_SHAPE = (6, 12, 17, 7, 7)
 PAGED_DECODE_KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 # The status bits paged_decode.c returns (STATUS_* there).
 STATUS_LIMITS, STATUS_BAD_SLOT, STATUS_BAD_TABLE = 1, 2, 4

@@ -9,7 +9,7 @@
  * step's numbers are bit for bit those of the layer-by-layer path (models/fused_decode.py); GPT-2's
  * differ only where this loop's LayerNorm (pointwise.c) rounds otherwise than torch's.
  *
- * This file holds no arithmetic of its own but the residual add: every other operation is a
+ * This file holds no arithmetic of its own: every operation, the residual add included, is a
  * function of another kernel library (linear_f32.c or linear_bf16.c, pointwise.c, paged_decode.c),
  * handed over as a pointer, so each kernel keeps its one home and its own build for this CPU.
  *
@@ -31,7 +31,7 @@
  */
 #include <stdint.h>
 
-enum fn { FN_LINEAR, FN_NORM, FN_ROPE, FN_SILU_MUL, FN_ATTENTION, FN_COUNT };
+enum fn { FN_LINEAR, FN_NORM, FN_ROPE, FN_SILU_MUL, FN_ADD, FN_ATTENTION, FN_COUNT };
 enum layer {
     W_INPUT_NORM, B_INPUT_NORM, W_QKV, B_QKV, W_O, B_O, W_POST_NORM, B_POST_NORM, W_UP, B_UP, W_DOWN, B_DOWN,
     LAYER_FIELDS
@@ -55,6 +55,7 @@ typedef void (*rope_fn)(void *x, int64_t x_stride, int64_t heads, int64_t head_d
                         const void *signed_sin, int64_t rows);
 typedef void (*silu_mul_fn)(const void *gate_up, int64_t stride, int64_t inter, void *y, int64_t rows,
                             int64_t threads);
+typedef void (*add_fn)(void *x, const void *y, int64_t n);
 typedef int (*attention_fn)(const void *q, const void *new_k, const void *new_v, const int64_t *slots,
                             int64_t in_stride, int64_t num_slots, void *k_cache, void *v_cache,
                             const int32_t *block_tables, const int32_t *context_lens, void *out, int64_t num_seqs,
@@ -62,26 +63,12 @@ typedef int (*attention_fn)(const void *q, const void *new_k, const void *new_v,
                             int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
                             float scale);
 
-/* x += y, as torch adds: exact in fp32; in bf16 the sum of the two widened values, rounded to nearest even. */
-static void add(void *x, const void *y, int64_t n, int bf16) {
-    if (!bf16) {
-        for (int64_t i = 0; i < n; ++i) ((float *)x)[i] += ((const float *)y)[i];
-        return;
-    }
-    uint16_t *hx = x;
-    const uint16_t *hy = y;
-    for (int64_t i = 0; i < n; ++i) {
-        union { uint32_t u; float f; } a = {.u = (uint32_t)hx[i] << 16}, b = {.u = (uint32_t)hy[i] << 16};
-        a.f += b.f;
-        hx[i] = (a.u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0 : (uint16_t)((a.u + 0x7fffu + ((a.u >> 16) & 1u)) >> 16);
-    }
-}
-
 int decode_layers(void *const *fns, const int64_t *layers, const int64_t *dims, void *const *buffers,
                   void *const *step, float eps, float scale) {
     const linear_fn linear = (linear_fn)fns[FN_LINEAR];
     const rope_fn rope = (rope_fn)fns[FN_ROPE];
     const silu_mul_fn silu_mul = (silu_mul_fn)fns[FN_SILU_MUL];
+    const add_fn add = (add_fn)fns[FN_ADD];
     const attention_fn attention = (attention_fn)fns[FN_ATTENTION];
     const int64_t rows = dims[D_ROWS], embd = dims[D_EMBD], heads = dims[D_HEADS], kv_heads = dims[D_KV_HEADS];
     const int64_t head_dim = dims[D_HEAD_DIM], inter = dims[D_INTER], threads = dims[D_THREADS];
@@ -111,14 +98,14 @@ int decode_layers(void *const *fns, const int64_t *layers, const int64_t *dims, 
         if (attended) return attended;
         status |= linear(buffers[ATTENDED], q_width, (const void *)w[W_O], (const float *)w[B_O], 0,
                          buffers[PROJECTED], rows, embd, q_width, threads);
-        add(buffers[X], buffers[PROJECTED], rows * embd, bf16);
+        add(buffers[X], buffers[PROJECTED], rows * embd);
         NORM(W_POST_NORM, B_POST_NORM);
         status |= linear(buffers[NORMED], embd, (const void *)w[W_UP], (const float *)w[B_UP], gpt2, buffers[UP],
                          rows, up_width, embd, threads);
         if (!gpt2) silu_mul(buffers[UP], up_width, inter, buffers[ACTIVATED], rows, threads);
         status |= linear(gpt2 ? buffers[UP] : buffers[ACTIVATED], inter, (const void *)w[W_DOWN],
                          (const float *)w[B_DOWN], 0, buffers[PROJECTED], rows, embd, inter, threads);
-        add(buffers[X], buffers[PROJECTED], rows * embd, bf16);
+        add(buffers[X], buffers[PROJECTED], rows * embd);
         if (status) return STATUS_LINEAR;
     }
 #undef NORM

@@ -209,6 +209,16 @@ void rope_bf16(uint16_t *x, int64_t x_stride, int64_t heads, int64_t head_dim, c
     }
 }
 
+/* The residual add x += y, as torch adds: exact in fp32; in bf16 the sum of the two widened values, rounded once
+ * (decode_layers.c's, between a layer's blocks). */
+void add_f32(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void add_bf16(uint16_t *x, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+}
+
 /* silu(g) = g * sigmoid(g); sigmoid from exp of -|g| only (exp_neg's range), so no lane overflows. */
 static inline vf silu(vf g) {
     const vi negative = g < 0;
