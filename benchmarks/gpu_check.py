@@ -4,8 +4,9 @@
     python benchmarks/gpu_check.py --tiny               # the same code paths at CI sizes, to results/tiny/
 
 1. Tokens: greedy tokens on CUDA (fp32; Triton kernels, with and without CUDA
-   graphs, and the torch reference) equal the CPU reference, for gpt2-tiny
-   and gpt2; bf16 graph replay equals bf16 eager.
+   graphs, and the torch reference) equal the CPU reference in fp32, for
+   gpt2-tiny, gpt2, llama-tiny and smollm2-135m (grouped-query attention);
+   bf16 graph replay equals bf16 eager.
 2. Decode step time vs batch size and context length: Triton + CUDA graphs,
    Triton eager, torch reference eager (a real step: model, sampling, the
    host sync), with the roofline floor of each step.
@@ -30,14 +31,18 @@ from roseinfer.engine.block_manager import blocks_for
 
 
 def token_checks(models: list[str], new_tokens: int, num_prompts: int = 8, max_prompt_len: int = 60) -> dict:
-    rng = random.Random(0)
-    prompts = [
-        [rng.randrange(50000) for _ in range(rng.randint(4, max_prompt_len))] for _ in range(num_prompts)
-    ]
     params = SamplingParams(max_new_tokens=new_tokens, stop_on_eos=False)
     out = {}
     for model in models:
-        cpu = [o.token_ids for o in InferenceEngine.from_pretrained(model).generate(prompts, params)]
+        # the oracle: this host's CPU engine in fp32 (a CPU's default dtype can be bf16)
+        reference = InferenceEngine.from_pretrained(model, dtype="float32")
+        rng = random.Random(0)  # the same prompts for every model, drawn inside its vocabulary
+        vocab = reference.model_config.vocab_size
+        prompts = [
+            [rng.randrange(vocab) for _ in range(rng.randint(4, max_prompt_len))] for _ in range(num_prompts)
+        ]
+        cpu = [o.token_ids for o in reference.generate(prompts, params)]
+        del reference
         checks = {}
         for name, options in {
             "cuda_fp32_triton_graphs": dict(dtype="float32", attention_backend="triton", cuda_graph=True),
@@ -124,7 +129,7 @@ def offline_throughput(model: str, shape: tuple[int, int, int], repeats: int) ->
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["gpt2-tiny", "gpt2"])
+    p.add_argument("--models", nargs="+", default=["gpt2-tiny", "gpt2", "llama-tiny", "smollm2-135m"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1000])
     p.add_argument("--repeats", type=int, default=20)
@@ -141,18 +146,24 @@ def main(argv=None) -> int:
         raise SystemExit("gpu_check.py needs a CUDA device")
     metrics = {}
     step_model = "gpt2-tiny" if args.tiny else "gpt2"
+    # --tiny numbers go under results/tiny/: they must never replace a real GPU run's
+    out = results_dir("cuda", results_root() / "tiny" if args.tiny else None) / "gpu_check.json"
+
+    def save() -> None:  # after every stage: a run cut short keeps what it measured
+        write_json(out, make_result("gpu_check", "cuda-engine", vars(args), metrics, "cuda"))
+
     if "tokens" not in args.skip:
         metrics["tokens"] = token_checks(args.models, *((2, 3, 8) if args.tiny else (24, 8, 60)))
+        save()
     if "steps" not in args.skip:
         metrics["steps"] = step_timings(
             step_model, args.batches, args.contexts, args.repeats, small=args.tiny
         )
+        save()
     if "offline" not in args.skip:
         shape = (4, 8, 3) if args.tiny else (128, 256, 64)
         metrics["offline"] = offline_throughput(step_model, shape, 1 if args.tiny else 3)
-    # --tiny numbers go under results/tiny/: they must never replace a real GPU run's
-    out = results_dir("cuda", results_root() / "tiny" if args.tiny else None) / "gpu_check.json"
-    write_json(out, make_result("gpu_check", "cuda-engine", vars(args), metrics, "cuda"))
+        save()
     if "steps" in metrics:
         rows = metrics["steps"]["rows"]
         fig, axes = plots.figure(2)

@@ -19,6 +19,11 @@ def _fmt(x: float) -> str:
     return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
 
 
+def _ms(x: float) -> str:
+    """Milliseconds to three figures or so: 89.8, 7.04, 0.348."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
 def _measured_on(results: list[dict]) -> str:
     """The machines and days a table's results come from: figures from different machines must not be compared."""
     # The processor, without the "(N threads)" that device_name adds: a thread count is a run's own setting
@@ -47,6 +52,44 @@ def batching_section(results: Path) -> str:
         "|---|---|---|---|---|---|"
     )
     return header + "\n" + "\n".join(rows) + _measured_on(seen)
+
+
+def gpu_check_section(results: Path) -> str:
+    """benchmarks/gpu_check.py on each GPU measured: same tokens as the CPU, then a decode step's time."""
+    out, seen = [], []
+    for path in sorted(results.glob("*/gpu_check.json")):
+        r = read_json(path)
+        if r["device"] in ("cpu", "virtual") or r["config"].get("tiny"):
+            continue
+        seen.append(r)
+        m = r["metrics"]
+        same = [
+            f"{model} {sum(c['equal_to_cpu'] for n, c in checks.items() if n.startswith('cuda_'))}"
+            f"/{sum(n.startswith('cuda_') for n in checks)}"
+            for model, checks in m.get("tokens", {}).items()
+        ]
+        bf16 = all(c["bf16_graph_equals_eager"]["equal"] for c in m.get("tokens", {}).values())
+        out.append(f"**{r['device_name']}** (torch {r['torch_version']}). Greedy tokens in fp32 on CUDA (Triton with "
+                   f"CUDA graphs, Triton eager, torch eager) equal to the fp32 CPU engine's, variants equal per model: "
+                   f"{', '.join(same)}; bf16 graph replay {'equals' if bf16 else 'differs from'} bf16 eager.")
+        steps = m.get("steps", {}).get("rows", [])
+        if steps:
+            by = {(s["variant"], s["batch"], s["context"]): s for s in steps}
+            out.append("\n| gpt2 bf16 decode step (ms) | torch eager | Triton eager | Triton + CUDA graphs | floor |"
+                       "\n|---|---|---|---|---|")
+            ends = (min(s["context"] for s in steps), max(s["context"] for s in steps))  # the shortest and longest
+            for batch, context in sorted({(s["batch"], s["context"]) for s in steps if s["context"] in ends}):
+                cells = [by.get((v, batch, context)) for v in ("torch_eager", "triton_eager", "triton_graphs")]
+                out.append(f"| batch {batch}, context {context} | "
+                           + " | ".join(f"{c['step_ms']:.2f}" if c else "—" for c in cells)
+                           + f" | {next(c for c in cells if c)['floor_ms']:.3f} |")
+        if "offline" in m:
+            off = m["offline"]["runs"]
+            out.append(f"\nOffline, 128 prompts × 256 tokens → 64 new (gpt2 bf16): {_fmt(m['offline']['output_tok_s'])} "
+                       f"output tok/s ({_fmt(min(off))}–{_fmt(max(off))}).")
+    if not out:
+        return "_no GPU run committed yet: on a GPU, run the command above_"
+    return "\n".join(out) + _measured_on(seen)
 
 
 def compare_hf_section(results: Path) -> str:
@@ -301,7 +344,7 @@ def _headline_nb08_paged_attention(m: dict) -> str:
     big = max(m["rows"], key=lambda r: r["batch"] * r["context"])
     return (
         f"one layer's decode attention at batch {big['batch']} × {big['context']}: "
-        f"{median(big['before_ms']):.1f} → {median(big['after_ms']):.1f} ms ({m['after']}; "
+        f"{_ms(median(big['before_ms']))} → {_ms(median(big['after_ms']))} ms ({m['after']}; "
         f"the gather copied {big['gather_mb']:.0f} MiB)"
         + ("" if m["gpu_reference"] else "; the Triton kernel's GPU timing: not yet measured")
     )
@@ -329,9 +372,10 @@ def _headline_nb09_cuda_graphs(m: dict) -> str:
     if m["rows"]:
         eager = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_eager"}
         graph = {r["batch"]: r["step_ms"] for r in m["rows"] if r["variant"] == "triton_graphs"}
-        b = max(set(eager) & set(graph))
-        return f"batch {b}: decode step {eager[b]:.3f} → {graph[b]:.3f} ms"
-    return f"{m['ops_per_step']['1']} operator launches per decode step → 1 graph launch (GPU timing: not yet measured)"
+        small, big = min(set(eager) & set(graph)), max(set(eager) & set(graph))
+        return (f"gpt2 bf16 decode step, eager → CUDA graph replay: batch {small} {eager[small]:.2f} → "
+                f"{graph[small]:.2f} ms, batch {big} {eager[big]:.2f} → {graph[big]:.2f} ms")
+    return None  # a run without a GPU counts operators only: the CPU's row is nb09_compiled_decode's
 
 
 def _headline_nb10_prefix_cache(m: dict) -> str:
@@ -441,7 +485,7 @@ NOTEBOOKS = [
     ),
     (
         "09_cuda_graphs",
-        "nb09_compiled_decode",
+        ("nb09_compiled_decode", "nb09_cuda_graphs"),
         "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)",
     ),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
@@ -460,10 +504,13 @@ def notebooks_section(results: Path) -> str:
     rows, seen = [], []
     for notebook, result, topic in NOTEBOOKS:
         figures = []
-        for path in sorted(results.glob(f"*/{result}.json")) if result else []:
+        names = (result,) if isinstance(result, str) else result or ()  # 09 saves one name on a CPU, one on a GPU
+        for path in sorted(p for name in names for p in results.glob(f"*/{name}.json")):
             r = read_json(path)
-            figures.append(f"{r['device']}: {_headline(result, r['metrics'])}")
-            seen.append(r)
+            headline = _headline(path.stem, r["metrics"])
+            if headline:
+                figures.append(f"{r['device']}: {headline}")
+                seen.append(r)
         rows.append(f"| [{notebook}](notebooks/{notebook}.ipynb) | {topic} | {'<br>'.join(figures) or '—'} |")
     return ("| notebook | increment | before → after (from `results/`) |\n|---|---|---|\n" + "\n".join(rows)
             + _measured_on(seen))
@@ -475,6 +522,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compare_served": compare_served_section,
     "served_levers": served_levers_section,
     "compare_hf": compare_hf_section,
+    "gpu_check": gpu_check_section,
     "notebooks": notebooks_section,
     "serving": serving_section,
 }
