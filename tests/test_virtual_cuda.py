@@ -57,6 +57,15 @@ def test_generators_remember_their_device(virtual_cuda):
         torch.randn(4, generator=cuda_gen)
 
 
+def test_seeding_works_and_repeats(virtual_cuda):
+    """torch.manual_seed calls torch.cuda.manual_seed_all: the stub must seed, not call back into it."""
+    draws = []
+    for seed in (torch.manual_seed, torch.cuda.manual_seed, torch.cuda.manual_seed_all):
+        seed(7)
+        draws.append(torch.randn(3, device="cuda"))
+    assert all(torch.equal(draws[0], d) for d in draws)
+
+
 def test_asynchronous_copies_must_be_contiguous(virtual_cuda):
     host = torch.zeros((4, 8), dtype=torch.int64, pin_memory=True)
     assert host.is_pinned()

@@ -134,8 +134,10 @@ CUDA_STUBS = {
     ),
     "is_bf16_supported": lambda including_emulation=True: True,
     "empty_cache": lambda: None,
-    "manual_seed": torch.manual_seed,
-    "manual_seed_all": torch.manual_seed,
+    # The CUDA generator is the CPU's default one here. Not torch.manual_seed: it calls
+    # torch.cuda.manual_seed_all itself, which would recurse.
+    "manual_seed": lambda seed: torch.default_generator.manual_seed(int(seed)),
+    "manual_seed_all": lambda seed: torch.default_generator.manual_seed(int(seed)),
     "memory_allocated": lambda device=None: 0,
     "max_memory_allocated": lambda device=None: 0,
     "reset_peak_memory_stats": lambda device=None: None,
