@@ -1,5 +1,5 @@
 """One roseinfer replica against two behind SMG, round-robin against cache-aware routing, on a workload of a few
-long shared system prompts and many users (roseinfer/bench/scale_out.py; notebook 13 runs the same).
+long shared system prompts and many users (roseinfer/bench/scale_out.py; notebook 14 runs the same).
 
     pip install "roseinfer[cluster]"
     python benchmarks/benchmark_cluster.py --model gpt2 --repeats 5

@@ -115,7 +115,7 @@ def stop(processes: Sequence[Started], timeout: float) -> None:
 
 
 class Cluster:
-    """N replicas and a gateway, started and stopped together (a context manager; tests and notebook 13)."""
+    """N replicas and a gateway, started and stopped together (a context manager; tests and notebook 14)."""
 
     def __init__(self, replicas: int, server_args: Sequence[str], port: int, policy: str = "cache_aware",
                  host: str = "127.0.0.1", cores: Sequence[int] | None = None, drain_timeout: float = 30.0,

@@ -418,7 +418,7 @@ def test_benchmark_kernel_build_times_a_fresh_build(tmp_path):
 
 
 def test_notebook_save_files_results_under_the_device_measured(tmp_path, monkeypatch):
-    """Notebook 12 times the CPU even where CUDA is present: its results must not be filed as the GPU's."""
+    """Notebook 11 times the CPU even where CUDA is present: its results must not be filed as the GPU's."""
     from roseinfer.bench import notebook
 
     monkeypatch.setenv("ROSEINFER_RESULTS_DIR", str(tmp_path))

@@ -1,4 +1,4 @@
-"""roseinfer.bench.gqa.serve_once: notebook 14's serving run, and the two factors it splits throughput into."""
+"""roseinfer.bench.gqa.serve_once: notebook 12's serving run, and the two factors it splits throughput into."""
 
 import pytest
 

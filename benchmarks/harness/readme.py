@@ -392,7 +392,7 @@ def _headline_nb10_prefix_cache(m: dict) -> str:
     )
 
 
-def _headline_nb11_final_server(m: dict) -> str:
+def _headline_nb13_final_server(m: dict) -> str:
     c = str(m["concurrency"][-1])
     tok_s = {n: median([r["output_throughput_tok_s"] for r in m["sweep"][n][c]]) for n in m["servers"]}
     if "transformers serve" in tok_s:
@@ -403,7 +403,7 @@ def _headline_nb11_final_server(m: dict) -> str:
     return f"{c} in flight: {_fmt(tok_s['roseinfer'])} output tok/s"
 
 
-def _headline_nb12_bf16_cpu(m: dict) -> str:
+def _headline_nb11_bf16_cpu(m: dict) -> str:
     best = m.get("engine_bf16", m["variants"][-1])  # the bf16 path the engine takes on that CPU
     runs = {v: {int(b): median(r) for b, r in m["runs"][v].items()} for v in m["variants"]}
     others = [v for v in m["variants"] if v not in ("fp32", best)]
@@ -415,7 +415,7 @@ def _headline_nb12_bf16_cpu(m: dict) -> str:
     return f"gpt2 decode step, {steps}"
 
 
-def _headline_nb13_scale_out(m: dict) -> str:
+def _headline_nb14_scale_out(m: dict) -> str:
     t = {setup: {k: median(v) for k, v in m[setup].items() if k != "replica_hit_rates"} for setup in m}
     rr, ca = m["round_robin"], m["cache_aware"]
     return (
@@ -426,7 +426,7 @@ def _headline_nb13_scale_out(m: dict) -> str:
     )
 
 
-def _headline_nb14_gqa(m: dict) -> str:
+def _headline_nb12_gqa(m: dict) -> str:
     mha, gqa = list(m["tok_s"])
     return (
         f"SmolLM2-135M shape, same KV memory: {m['kv_tokens'][mha]} → {m['kv_tokens'][gqa]} tokens, "
@@ -449,10 +449,10 @@ HEADLINES = {  # the one before -> after figure each notebook is about
     "nb09_compiled_decode": _headline_nb09_compiled_decode,
     "nb09_cuda_graphs": _headline_nb09_cuda_graphs,
     "nb10_prefix_cache": _headline_nb10_prefix_cache,
-    "nb11_final_server": _headline_nb11_final_server,
-    "nb12_bf16_cpu": _headline_nb12_bf16_cpu,
-    "nb13_scale_out": _headline_nb13_scale_out,
-    "nb14_gqa": _headline_nb14_gqa,
+    "nb13_final_server": _headline_nb13_final_server,
+    "nb11_bf16_cpu": _headline_nb11_bf16_cpu,
+    "nb14_scale_out": _headline_nb14_scale_out,
+    "nb12_gqa": _headline_nb12_gqa,
 }
 
 
@@ -489,14 +489,14 @@ NOTEBOOKS = [
         "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)",
     ),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
+    ("11_bf16_cpu", "nb11_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),
+    ("12_gqa", "nb12_gqa", "multi-head → grouped-query attention (the Llama family): 3 KV heads for 9 query heads"),
     (
-        "11_final_server",
-        "nb11_final_server",
+        "13_final_server",
+        "nb13_final_server",
         "`python -m roseinfer.server` under load, next to `transformers serve` (and vLLM-CPU's committed run)",
     ),
-    ("12_bf16_cpu", "nb12_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),
-    ("13_scale_out", "nb13_scale_out", "one replica → two behind the SMG gateway; round_robin → cache_aware routing"),
-    ("14_gqa", "nb14_gqa", "multi-head → grouped-query attention (the Llama family): 3 KV heads for 9 query heads"),
+    ("14_scale_out", "nb14_scale_out", "one replica → two behind the SMG gateway; round_robin → cache_aware routing"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Multi-head against grouped-query attention on one architecture (notebook 14).
+"""Multi-head against grouped-query attention on one architecture (notebook 12).
 
 Two models that differ only in their KV heads: SmolLM2-135M's shape with its real 3 KV heads for 9 query heads,
 and the same shape with 9 (multi-head attention, as GPT-2 has). Each is built by transformers with random weights

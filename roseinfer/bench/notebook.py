@@ -74,7 +74,7 @@ def save(
 ) -> Path:
     """Write results/<device>/<name>.json (and .png when a figure is given).
 
-    `measured_on` names the device the figures come from when it is not the notebook's own (notebook 12
+    `measured_on` names the device the figures come from when it is not the notebook's own (notebook 11
     times the CPU even where CUDA is present): its results then go under results/cpu, with the CPU's name.
     A run at tiny sizes writes under results/tiny/<device>/: its numbers never replace real ones.
     """

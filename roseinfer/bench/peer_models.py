@@ -3,7 +3,7 @@
 Made from a seed (no download, so any machine can reproduce a run), with
 tokenizer files beside them (the peers' converters read the vocabulary from
 there). benchmarks/harness/peer_formats.py converts them into each peer's own
-format; notebooks 11 and 12 load them directly.
+format; notebooks 13 and 11 load them directly.
 
 - GPT-2 presets get GPT-2's own vocab.json and merges.txt.
 - Llama-family presets (SmolLM2's shape, 49,152 ids) get a tokenizer.json in

@@ -4,7 +4,7 @@ Each engine is a runner script in benchmarks/peers/ started by some
 virtualenv's python: roseinfer and HF by the project's own interpreter, the
 peers by theirs under .peers/<venv>/ (made by `make peers`). Starting one is
 the harness's part (benchmarks/harness/peer_runs.py); the registry is here
-because notebook 11 asks it whether vLLM is installed.
+because notebook 13 asks it whether vLLM is installed.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ variant hands them over (`RequestStream.on_token`).
 `transformers_greedy` is the oracle of the model notebooks (14) and tests: Hugging Face recomputing the
 whole sequence at every step, the simplest greedy decoding there is.
 
-Between engines that compute in other precisions (notebook 12, benchmarks/compare_engines.py)
+Between engines that compute in other precisions (notebook 11, benchmarks/compare_engines.py)
 greedy tokens may differ: `agreement` says for how many requests, `matching_prefix` how soon.
 """
 

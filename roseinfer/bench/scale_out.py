@@ -1,4 +1,4 @@
-"""One replica against two behind SMG, round-robin against cache-aware routing (notebook 13,
+"""One replica against two behind SMG, round-robin against cache-aware routing (notebook 14,
 benchmarks/benchmark_cluster.py).
 
 The workload is what a deployment sees: a few long system prompts, each shared by many users, each user

@@ -1,5 +1,5 @@
 """HTTP load against OpenAI-compatible servers: the core of benchmark_serving.py, serving_sweep.py
-and notebook 11.
+and notebook 13.
 
 - `run_load(setup)`: stream `num_prompts` completions at a request rate (all
   at once, or gamma-distributed gaps: burstiness 1 = Poisson), measure TTFT

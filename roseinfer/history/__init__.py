@@ -54,22 +54,24 @@ TEACHING_SEAMS: list[str] = [
     "roseinfer.attention.torch_ref.TorchPagedAttention.forward",
     "roseinfer.attention.cpu.CpuPagedAttention.forward",
     "roseinfer.kernels.triton.paged_attention._paged_decode_kernel.fn",
-    # notebook 09: the runner's captured-step branches and the compiled step
+    # notebook 09: the layers in one C call (CPU), the runner's graph branch and the replay (GPU)
+    "roseinfer.models.gpt2.GPT2.forward",
+    "roseinfer.models.fused_decode.FusedDecode.run",
     "roseinfer.engine.runner.ModelRunner.execute",
-    "roseinfer.engine.compiled_decode.CompiledDecode._forward",
+    "roseinfer.engine.cuda_graphs.DecodeGraphs.run",
     # notebook 10 and tests/test_history.py: admission with the prefix cache
     "roseinfer.engine.scheduler.OnlineScheduler._admit",
     "roseinfer.engine.block_manager.BlockManager.match_prefix",
     "roseinfer.engine.scheduler.OnlineScheduler._register_full_blocks",
-    # notebook 11: the completions route
+    # notebook 13: the completions route
     "roseinfer.server.routes_completions.completions",
-    # notebook 12: the dtype choice and the bf16 kernel's branch
+    # notebook 11: the dtype choice and the bf16 kernel's branch
     "roseinfer.config.resolve_dtype",
     "roseinfer.models.packed_linear.PackedLinear.forward",
     "roseinfer.models.packed_linear.bf16_kernel_wanted",
-    # notebook 13: the load report a gateway routes on
+    # notebook 14: the load report a gateway routes on
     "roseinfer.server.loads.load_report",
-    # notebook 14: q, k and v of grouped-query attention
+    # notebook 12: q, k and v of grouped-query attention
     "roseinfer.models.llama.Attention.forward",
 ]
 

@@ -17,7 +17,7 @@ dozen rows of a decode step oneDNN's AVX512-BF16 kernel stays well under the
 bf16 units' peak, and ours reaches it (`benchmark_bf16_linear.py` shows both,
 per shape). Not on a CPU with AMX: there oneDNN's bf16 kernel (which can use
 the AMX tiles) was the faster one from a few rows on, on the one such CPU
-measured (notebook 12 measures both, and how much of the gap is the tiles'),
+measured (notebook 11 measures both, and how much of the gap is the tiles'),
 so oneDNN keeps the projections.
 
 In fp32, oneDNN's packed kernel pays a fixed cost a call (about 54 us on a
