@@ -170,6 +170,12 @@ def test_the_fp32_row_threshold_is_where_the_small_path_stops_winning():
     by_rows = {1: seconds(3.0, 2.0, 1.0), 2: seconds(3.0, 2.0, 1.4), 4: seconds(3.0, 2.0, 1.7)}
     assert choice(by_rows.__getitem__) == ("roseinfer", 2)  # a win under the margin at 4 rows is not a win
     assert choice(lambda rows: seconds(1.0, 2.0, 1.5)) == ("torch", packed_linear.SMALL_ROWS_PROBE[-1])
+    # one row: roseinfer's kernel need only beat oneDNN (it also opens the one-call decode step); F.linear still
+    # needs the margin, and more rows do
+    by_rows = {1: seconds(3.0, 2.0, 1.8), 2: seconds(3.0, 2.0, 1.4), 4: seconds(3.0, 2.0, 1.7)}
+    assert choice(by_rows.__getitem__) == ("roseinfer", 2)
+    assert choice(lambda rows: seconds(3.0, 2.0, 2.1)) == ("roseinfer", 0)  # slower than oneDNN: no small rows
+    assert choice(lambda rows: seconds(1.8, 2.0)) == ("torch", 0)
 
 
 def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):

@@ -105,7 +105,7 @@ CPU_LINEAR_CHOICES = ("auto", "onednn", "roseinfer", "torch", *QUANTIZED)
 # qkv, a middle-sized projection): a decode step below 8 rows is where a fixed cost could show.
 SMALL_ROWS_PROBE = (1, 2, 4, 8)
 PROBE_SHAPE = (2304, 768)
-PROBE_REPEATS = 25
+PROBE_REPEATS = 50  # ~0.1 ms a call: the whole probe stays under 0.1 s
 # A row count goes to the small path only where it beat oneDNN by this much on the probe: the probe's weight
 # sits in the cache, where oneDNN's fixed cost a call weighs most, while a step's weights stream from memory, and
 # a win there shrinks in a step. Measured (benchmark_cpu_linear.py): in-cache ratios of 0.78-0.84 became a 4%
@@ -113,6 +113,11 @@ PROBE_REPEATS = 25
 # A probe on weights cycled through memory was no better: it hid the fixed cost, and called a tie the batch-1
 # step the kernel won by 10%.
 SMALL_ROWS_MARGIN = 0.75
+# One row is held only to beating oneDNN: there the small path also lets a decode step run all its layers in one
+# C call (models/fused_decode.py needs roseinfer's kernel on every projection), which saves 1.1-1.3x of a batch-1
+# step (notebook 09) on top of the projections. At 0.75 the choice flipped between processes on a Zen 4, whose
+# one-row ratio measured 0.61-0.77, and with it whether batch 1 ran the one-call step.
+ONE_ROW_MARGIN = 1.0
 packs = 0  # weights (re)packed in this process, by construction or load_state_dict
 
 
@@ -145,15 +150,16 @@ def small_rows_choice(timer: Callable[[int], dict[str, float]]) -> tuple[str, in
 
     `timer(rows)` gives seconds by kernel: "torch" (F.linear), "onednn" and, where it was built, "roseinfer"
     (linear_f32.c). The small path is the faster of roseinfer's and F.linear at the first count; stopping at
-    its first loss to oneDNN (or win by less than SMALL_ROWS_MARGIN) keeps the rule one threshold, as a fixed
-    per-call cost predicts.
+    its first loss to oneDNN (or win by less than SMALL_ROWS_MARGIN; at one row, roseinfer's kernel by less than
+    ONE_ROW_MARGIN) keeps the rule one threshold, as a fixed per-call cost predicts.
     """
     first = timer(SMALL_ROWS_PROBE[0])
     kernel = "roseinfer" if first.get("roseinfer", float("inf")) < first["torch"] else "torch"
     threshold = 0
     for rows in SMALL_ROWS_PROBE:
         seconds = first if rows == SMALL_ROWS_PROBE[0] else timer(rows)
-        if seconds[kernel] >= SMALL_ROWS_MARGIN * seconds["onednn"]:
+        margin = ONE_ROW_MARGIN if rows == 1 and kernel == "roseinfer" else SMALL_ROWS_MARGIN
+        if seconds[kernel] >= margin * seconds["onednn"]:
             break
         threshold = rows
     return kernel, threshold
