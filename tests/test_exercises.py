@@ -8,8 +8,20 @@ import itertools
 import pytest
 import torch
 
-from roseinfer.bench.exercises import check_generated_ids, check_gqa_decode, check_kv_cache_attention, check_prefix_router
-from roseinfer.bench.solutions import get_generated_ids, gqa_decode, kv_cache_attention, prefix_router
+from roseinfer.bench.exercises import (
+    check_generated_ids,
+    check_gqa_decode,
+    check_graph_bucket,
+    check_kv_cache_attention,
+    check_prefix_router,
+)
+from roseinfer.bench.solutions import (
+    get_generated_ids,
+    gqa_decode,
+    graph_bucket,
+    kv_cache_attention,
+    prefix_router,
+)
 
 
 def test_prefix_router_solution_passes():
@@ -153,6 +165,67 @@ def test_generated_ids_calling_the_schedulers_accessor_fails():
     assert "own get_generated_ids" in check_generated_ids(lambda s, rid: s.get_generated_ids(rid))
 
 
+def test_graph_bucket_solution_passes_and_agrees_with_decode_graphs():
+    from roseinfer.engine.cuda_graphs import DecodeGraphs, graph_buckets
+
+    assert check_graph_bucket(graph_bucket).startswith("PASS")
+    graphs = DecodeGraphs.__new__(DecodeGraphs)  # bucket_for reads only the buckets
+    graphs.buckets = graph_buckets(64)
+    for batch in range(1, 66):
+        chosen = graph_bucket(graphs.buckets, batch)
+        assert (chosen[0] if chosen else None) == graphs.bucket_for(batch)
+
+
+def test_graph_bucket_unwritten_says_so():
+    def unwritten(buckets, batch):
+        raise NotImplementedError
+
+    assert check_graph_bucket(unwritten).startswith("not written yet")
+
+
+def test_graph_bucket_rounding_down_fails():
+    def largest_below(buckets, batch):  # the largest bucket not above the batch: rows lost
+        below = [b for b in buckets if b <= batch]
+        return (below[-1], 0) if below else None
+
+    assert "rows would be lost" in check_graph_bucket(largest_below)
+
+
+def test_graph_bucket_too_large_fails():
+    def strictly_larger(buckets, batch):  # `>` for `>=`: an exact fit goes to the next graph
+        return next(((b, b - batch) for b in buckets if b > batch), None)
+
+    def always_largest(buckets, batch):
+        return (buckets[-1], buckets[-1] - batch) if batch <= buckets[-1] else None
+
+    assert "holds it exactly" in check_graph_bucket(strictly_larger)
+    assert "computed and thrown away" in check_graph_bucket(always_largest)
+
+
+def test_graph_bucket_padding_count_fails():
+    def batch_for_padding(buckets, batch):
+        return next(((b, batch) for b in buckets if b >= batch), None)
+
+    assert "padding rows" in check_graph_bucket(batch_for_padding)
+
+
+def test_graph_bucket_past_the_largest_graph_must_be_none():
+    def clamps(buckets, batch):  # the largest graph, whatever the batch: rows past it lost
+        return next(((b, b - batch) for b in buckets if b >= batch), (buckets[-1], 0))
+
+    def raises(buckets, batch):  # next() without a default
+        return next((b, b - batch) for b in buckets if b >= batch)
+
+    assert "return None" in check_graph_bucket(clamps)
+    assert "raised StopIteration" in check_graph_bucket(raises)
+
+
+def test_graph_bucket_wrong_shapes_fail():
+    assert "expected (bucket, padded rows)" in check_graph_bucket(
+        lambda buckets, batch: next((b for b in buckets if b >= batch), None))
+    assert "not a captured size" in check_graph_bucket(lambda buckets, batch: (batch, 0))  # no padding at all
+
+
 # --- roseinfer/bench/accessors.py (notebook 06's measurements) ---------------------------------------------
 
 
@@ -206,3 +279,376 @@ def test_plot_accessors_draws_three_panels():
         assert [t.get_text() for t in fig.axes[2].get_xticklabels()] == list(names.values())
     finally:
         plt.close(fig)
+
+
+# --- notebook 07: the worker's lookup, one lock per step ---------------------------------------------------------
+
+
+def _step_record(stream, token, finished):
+    from roseinfer.server.manager import StepRecord
+
+    return StepRecord(stream, token, finished)
+
+
+def test_collect_step_records_solution_and_engine_pass():
+    from roseinfer.bench.exercises import check_collect_step_records
+    from roseinfer.bench.solutions import collect_step_records
+    from roseinfer.server.manager import SchedulerManager
+
+    assert check_collect_step_records(collect_step_records).startswith("PASS")
+    assert check_collect_step_records(SchedulerManager._collect_step_records).startswith("PASS")
+
+
+def test_collect_step_records_unwritten_says_so():
+    from roseinfer.bench.exercises import check_collect_step_records
+
+    def unwritten(self, step_tokens, finished):
+        raise NotImplementedError
+
+    assert check_collect_step_records(unwritten).startswith("not written yet")
+
+
+def test_collect_step_records_lock_per_request_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+    from roseinfer.history.lock_per_token import LockPerTokenManager
+
+    # the "before" of notebook 07, as the engine kept it: one acquisition per request with news
+    assert "take the lock once" in check_collect_step_records(LockPerTokenManager._collect_step_records)
+
+
+def test_collect_step_records_no_lock_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+
+    def unlocked(self, step_tokens, finished):
+        done = set(finished)
+        streams = {rid: self._streams.pop(rid, None) if rid in done else self._streams.get(rid)
+                   for rid in step_tokens.keys() | done}
+        return [_step_record(s, step_tokens.get(rid), rid in done) for rid, s in streams.items() if s is not None]
+
+    def lock_then_read_outside(self, step_tokens, finished):  # takes the lock once, for nothing
+        with self._lock:
+            pass
+        return unlocked(self, step_tokens, finished)
+
+    assert "without holding self._lock" in check_collect_step_records(unlocked)
+    assert "without holding self._lock" in check_collect_step_records(lock_then_read_outside)
+
+
+def test_collect_step_records_delivering_inside_the_lock_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+    from roseinfer.bench.solutions import collect_step_records
+
+    def delivers_inside(self, step_tokens, finished):  # detokenizes and queues text while the handlers wait
+        done = set(finished)
+        records = []
+        with self._lock:
+            for rid in step_tokens.keys() | done:
+                stream = self._streams.pop(rid, None) if rid in done else self._streams.get(rid)
+                if stream is not None:
+                    if rid in step_tokens:
+                        stream.on_token(step_tokens[rid], 0.0)
+                    records.append(_step_record(stream, step_tokens.get(rid), rid in done))
+        return records
+
+    def delivers_after(self, step_tokens, finished):  # outside the lock, but _deliver would hand over twice
+        records = collect_step_records(self, step_tokens, finished)
+        for r in records:
+            if r.token is not None:
+                r.stream.on_token(r.token, 0.0)
+        return records
+
+    assert "with the lock held" in check_collect_step_records(delivers_inside)
+    assert "delivered request" in check_collect_step_records(delivers_after)
+    assert "with the lock held" not in check_collect_step_records(delivers_after)
+
+
+def test_collect_step_records_missing_a_finished_request_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+
+    def tokens_only(self, step_tokens, finished):  # a request that finished without a token is never looked up
+        done = set(finished)
+        records = []
+        with self._lock:
+            for rid in step_tokens:
+                stream = self._streams.pop(rid, None) if rid in done else self._streams.get(rid)
+                if stream is not None:
+                    records.append(_step_record(stream, step_tokens[rid], rid in done))
+        return records
+
+    assert "request 20 had news this step and got no record" in check_collect_step_records(tokens_only)
+
+
+def test_collect_step_records_finished_stream_not_popped_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+
+    def never_pops(self, step_tokens, finished):
+        done = set(finished)
+        records = []
+        with self._lock:
+            for rid in step_tokens.keys() | done:
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    records.append(_step_record(stream, step_tokens.get(rid), rid in done))
+        return records
+
+    assert "pop the finished" in check_collect_step_records(never_pops)
+
+
+def test_collect_step_records_key_error_on_an_aborted_request_fails():
+    from roseinfer.bench.exercises import check_collect_step_records
+
+    def indexes(self, step_tokens, finished):  # self._streams[rid]: the aborted request 99 has no stream
+        done = set(finished)
+        with self._lock:
+            return [_step_record(self._streams.pop(rid) if rid in done else self._streams[rid], step_tokens.get(rid),
+                                 rid in done) for rid in step_tokens.keys() | done]
+
+    def keeps_aborted(self, step_tokens, finished):  # no KeyError, but a record with no stream
+        done = set(finished)
+        with self._lock:
+            return [_step_record(self._streams.pop(rid, None) if rid in done else self._streams.get(rid),
+                                 step_tokens.get(rid), rid in done) for rid in step_tokens.keys() | done]
+
+    assert "KeyError for request" in check_collect_step_records(indexes)
+    assert "a record with no stream" in check_collect_step_records(keeps_aborted)
+
+
+def test_collect_step_records_wrong_records_fail():
+    from roseinfer.bench.exercises import check_collect_step_records
+    from roseinfer.bench.solutions import collect_step_records
+
+    def twice(self, step_tokens, finished):  # tokens, then the finished again: request 7 looked up twice
+        with self._lock:
+            records = [_step_record(self._streams.get(rid), tok, False) for rid, tok in step_tokens.items()
+                       if self._streams.get(rid) is not None]
+            records += [_step_record(s, None, True) for s in (self._streams.pop(rid, None) for rid in finished) if s]
+        return records
+
+    def flags_wrong(self, step_tokens, finished):
+        return [_step_record(r.stream, r.token, False) for r in collect_step_records(self, step_tokens, finished)]
+
+    def left_locked(self, step_tokens, finished):
+        self._lock.acquire()
+        return []
+
+    assert "got 2 records" in check_collect_step_records(twice)
+    assert "finished False" in check_collect_step_records(flags_wrong)
+    assert "still held" in check_collect_step_records(left_locked)
+    def no_list(self, step_tokens, finished):
+        with self._lock:
+            return None
+
+    assert "expected a list" in check_collect_step_records(no_list)
+
+
+# --- roseinfer/bench/lock_lookups.py (notebook 07's measurements) ------------------------------------------------
+
+
+def test_lock_lookups_count_and_time_both_variants():
+    from roseinfer import InferenceEngine
+    from roseinfer.bench.lock_lookups import acquisitions_per_step, lookup_alone, uncontended_lock_ns
+
+    engine = InferenceEngine.from_pretrained("gpt2-tiny", dtype="float32")
+    after = acquisitions_per_step(engine, "current", batch=3, new_tokens=6)
+    before = acquisitions_per_step(engine, "lock-per-token", batch=3, new_tokens=6)
+    assert after and all(locks == 1 for locks, _ in after)
+    assert before and all(locks == news for locks, news in before) and max(n for _, n in before) == 3
+    assert uncontended_lock_ns(n=1000, repeat=2) > 0
+    alone = lookup_alone(engine, ["lock-per-token", "current"], batch=3, rounds=2, calls=10)
+    assert {v: len(t) for v, t in alone.items()} == {"lock-per-token": 2, "current": 2}
+
+
+def test_serve_loads_and_seed_runs_keep_the_batch():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from roseinfer import InferenceEngine
+    from roseinfer.bench.lock_lookups import plot_lookups, seed_runs, serve_loads
+    from roseinfer.bench.streaming import StreamingSetup
+
+    engine = InferenceEngine.from_pretrained("gpt2-tiny", dtype="float32")
+    names = {"lock-per-token": "lock per token", "current": "lock per step"}
+    loads = {"no handlers": {}, "2 handlers": dict(threads=2, rate_per_s=2000)}
+    runs = serve_loads(engine, names, loads, batch=2, new_tokens=3, prompt_ids=[1, 2], repeats=2)
+    assert all(len(runs[load][v]) == 2 for load in loads for v in names)
+    assert all(r["steps"] >= 2 and r["tpot_ms"] > 0 for load in loads for v in names for r in runs[load][v])
+    assert all(r["handler_req_s"] == 0 for r in runs["no handlers"]["current"])
+    assert all(r["handler_req_s"] > 0 for r in runs["2 handlers"]["current"])
+    setup = StreamingSetup(num_requests=2, prompt="Hello", pretok=True, max_new_tokens=2, stop_on_eos=False)
+    seed = seed_runs(engine, names, setup, repeats=2)
+    assert all(len(seed[v]) == 2 and seed[v][0]["ttft_p50_ms"] > 0 for v in names)
+    fig = plot_lookups({v: [10.0, 11.0] for v in names}, runs, seed, {"ttft_p50_ms": (9.2, 7.6)}, names, 3.0)
+    try:
+        assert len(fig.axes) == 3
+    finally:
+        plt.close(fig)
+
+
+# --- notebook 08: one sequence's decode attention through the block table ---------------------------------------
+
+
+def _paged_decode_with(mistake: str = ""):
+    """notebook 08's solution with one mistake a learner makes, by name ("" for none)."""
+
+    def attend(q, k_cache, v_cache, block_table, context_len, scale):
+        block_size = k_cache.shape[1]
+        heads, dim = q.shape
+        running_max = torch.full((heads,), float("-inf"), dtype=torch.float64 if mistake == "no max" else None)
+        total, acc = torch.zeros(heads, dtype=torch.float64), torch.zeros(heads, dim, dtype=torch.float64)
+        blocks = (len(block_table) if mistake == "whole table" else context_len // block_size if mistake == "floor"
+                  else -(-context_len // block_size))
+        for j in range(blocks):
+            start = j * block_size
+            block = j if mistake == "logical block" else int(block_table[j])
+            n = block_size if mistake in ("whole last block", "whole table") else min(block_size, context_len - start)
+            if mistake == "swapped":
+                slots = [(int(block_table[t % block_size]), t // block_size) for t in range(start, start + n)]
+                k = torch.stack([k_cache[b, s] for b, s in slots]).double()
+                v = torch.stack([v_cache[b, s] for b, s in slots]).double()
+            else:
+                k, v = k_cache[block, :n].double(), v_cache[block, :n].double()
+            if mistake == "keys of the next head":
+                k = k.roll(1, dims=1)
+            if mistake == "values of the next head":
+                v = v.roll(1, dims=1)
+            if mistake == "heads summed":
+                scores = torch.einsum("hd,nhd->n", q.double(), k)[None].expand(heads, -1) * scale
+            else:
+                scores = torch.einsum("hd,nhd->hn", q.double(), k) * (1.0 if mistake == "no scale" else scale)
+            if mistake == "no max":
+                p = torch.exp(scores)
+                total, acc = total + p.sum(dim=1), acc + torch.einsum("hn,nhd->hd", p, v)
+                continue
+            new_max = torch.maximum(running_max, scores.max(dim=1).values)
+            rescale = (torch.ones(heads, dtype=torch.float64) if mistake == "no rescale"
+                       else torch.exp(running_max - new_max))
+            p = torch.exp(scores - new_max[:, None])
+            total = total * rescale + p.sum(dim=1)
+            acc = acc * rescale[:, None] + torch.einsum("hn,nhd->hd", p, v)
+            running_max = new_max
+        return acc if mistake == "not normalized" else acc / total[:, None]
+
+    return attend
+
+
+def test_paged_decode_solution_and_engine_kernels_pass():
+    from roseinfer.attention.base import AttentionMetadata
+    from roseinfer.attention.cpu import CpuPagedAttention
+    from roseinfer.bench.exercises import check_paged_decode
+    from roseinfer.bench.solutions import paged_decode
+
+    assert check_paged_decode(paged_decode).startswith("PASS")
+    assert check_paged_decode(_paged_decode_with()).startswith("PASS")  # the test's own variant, mistake-free
+    fused = CpuPagedAttention()
+    if fused.fused:  # the engine's C kernel, one sequence at a time, passes the same check
+
+        def c_kernel(q, k_cache, v_cache, table, n, scale):
+            lens, starts = torch.tensor([n], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+            meta = AttentionMetadata(torch.full((1,), -1), table[None].contiguous(), lens, starts, 1, n)
+            return fused.decode(q[None].contiguous(), k_cache, v_cache, meta, scale)[0]
+
+        assert check_paged_decode(c_kernel).startswith("PASS")
+
+
+def test_paged_decode_unwritten_says_so():
+    from roseinfer.bench.exercises import check_paged_decode
+
+    def unwritten(q, k_cache, v_cache, block_table, context_len, scale):
+        raise NotImplementedError
+
+    assert check_paged_decode(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("logical block", "the physical block of token t is block_table[t // block_size]"),
+    ("swapped", "block/slot arithmetic"),
+    ("whole last block", "past the context"),
+    ("whole table", "past the context"),
+    ("floor", "ceil(context_len / block_size)"),
+    ("no max", "overflow"),
+    ("keys of the next head", "mixing up heads: query head"),
+    ("values of the next head", "mixing up heads: head"),
+    ("heads summed", "mixing up heads: every head got the same weights"),
+    ("no rescale", "not rescaled when the running maximum grew"),
+    ("not normalized", "divide the accumulator"),
+    ("no scale", "without the scale"),
+])
+def test_paged_decode_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_paged_decode
+
+    verdict = check_paged_decode(_paged_decode_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+def _frame_stream_with(mistake):
+    import json
+
+    def frame(base, pieces, finish_reason):
+        def event(data):
+            if mistake == "raw text":
+                line = data if isinstance(data, str) else data["choices"][0]["text"]
+                return f"data: {line}\n\n"
+            body = data if isinstance(data, str) else json.dumps(data)
+            if mistake == "quoted done" and data == "[DONE]":
+                body = json.dumps(data)
+            prefix = "" if mistake == "no data prefix" else "data: "
+            return prefix + body + ("\n" if mistake == "no blank line" else "\n\n")
+
+        def chunk(text, reason, first):
+            envelope = base if first or mistake != "envelope once" else {}
+            return {**envelope, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+        reason = finish_reason if mistake == "reason on every chunk" else None
+        out = "".join(event(chunk(p, reason, i == 0)) for i, p in enumerate(pieces))
+        if mistake != "no final chunk":
+            out += event(chunk("", finish_reason, False))
+        return out + ("" if mistake == "no done" else event("[DONE]"))
+
+    return frame
+
+
+def test_frame_stream_solution_passes():
+    from roseinfer.bench.exercises import check_frame_stream
+    from roseinfer.bench.solutions import frame_stream
+
+    assert check_frame_stream(frame_stream).startswith("PASS")
+
+
+def test_frame_stream_check_passes_the_servers_own_framing():
+    from roseinfer.bench.exercises import check_frame_stream
+    from roseinfer.server.sse import sse
+
+    def server_frame(base, pieces, finish_reason):
+        def chunk(text, reason):
+            return {**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+        return "".join(sse(chunk(p, None)) for p in pieces) + sse(chunk("", finish_reason)) + sse("[DONE]")
+
+    assert check_frame_stream(server_frame).startswith("PASS")
+
+
+def test_frame_stream_unwritten_says_so():
+    from roseinfer.bench.exercises import check_frame_stream
+
+    def unwritten(base, pieces, finish_reason):
+        raise NotImplementedError
+
+    assert check_frame_stream(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("raw text", "raw newline"),
+    ("no blank line", "blank line"),
+    ("no data prefix", "starting with 'data: '"),
+    ("quoted done", "not as a JSON string"),
+    ("no done", "must end with `data: [DONE]`"),
+    ("no final chunk", "carries the finish reason"),
+    ("reason on every chunk", "set only on the last"),
+    ("envelope once", "carries the envelope"),
+])
+def test_frame_stream_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_frame_stream
+
+    verdict = check_frame_stream(_frame_stream_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_llama import CASES, PROMPTS, build_hf
 
+from conftest import build_hf_tiny
 from roseinfer import InferenceEngine, SamplingParams
 from roseinfer.engine.batch import BatchEntry
 from roseinfer.kernels.cpu.bindings import load_bf16_linear_kernel, load_decode_layers_kernel
-from conftest import build_hf_tiny
 from roseinfer.models import fused_decode, packed_linear
-from test_llama import CASES, PROMPTS, build_hf
 
 pytestmark = pytest.mark.skipif(load_decode_layers_kernel() is None, reason="no C compiler for the CPU kernels")
 DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(

@@ -350,22 +350,13 @@ def _headline_nb08_paged_attention(m: dict) -> str:
     )
 
 
-def _headline_nb09_compiled_decode(m: dict) -> str:
-    rows = {(r["model"], r["variant"], r["batch"]): r["step_ms_runs"] for r in m["rows"]}
-    b = min(r[2] for r in rows)
-    eager, compiled = rows[("gpt2", "eager", b)], rows[("gpt2", "compiled", b)]
-    v = verdict("", eager, compiled, "ms", higher_is_better=False)
-    said = (
-        f"{v.ratio:.2f}x faster"
-        if v.better
-        else f"{1 / v.ratio:.2f}x slower"
-        if v.worse
-        else "no difference the rank test can show"
-    )
-    return (
-        f"gpt2 decode step at batch {b}: eager {median(eager):.2f} → compiled {median(compiled):.2f} ms "
-        f"({said}); compiling took {m['compile_s']['gpt2']:.1f} s"
-    )
+def _headline_nb09_one_call(m: dict) -> str:
+    parts = []
+    for model, t in m["timings"].items():
+        loop, one = median(t["loop_x_floor"]), median(t["one_call_x_floor"])
+        parts.append(f"{model} {loop:.2f} → {one:.2f}× its floor ({median(t['loop_ms']):.1f} → "
+                     f"{median(t['one_call_ms']):.1f} ms)")
+    return "decode step at batch 1, a call per operation → one C call: " + "; ".join(parts)
 
 
 def _headline_nb09_cuda_graphs(m: dict) -> str:
@@ -375,7 +366,7 @@ def _headline_nb09_cuda_graphs(m: dict) -> str:
         small, big = min(set(eager) & set(graph)), max(set(eager) & set(graph))
         return (f"gpt2 bf16 decode step, eager → CUDA graph replay: batch {small} {eager[small]:.2f} → "
                 f"{graph[small]:.2f} ms, batch {big} {eager[big]:.2f} → {graph[big]:.2f} ms")
-    return None  # a run without a GPU counts operators only: the CPU's row is nb09_compiled_decode's
+    return None  # no GPU rows: the CPU's row is nb09_one_call's
 
 
 def _headline_nb10_prefix_cache(m: dict) -> str:
@@ -395,12 +386,15 @@ def _headline_nb10_prefix_cache(m: dict) -> str:
 def _headline_nb13_final_server(m: dict) -> str:
     c = str(m["concurrency"][-1])
     tok_s = {n: median([r["output_throughput_tok_s"] for r in m["sweep"][n][c]]) for n in m["servers"]}
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    dtypes = {n: short.get(d, d) for n, d in m.get("dtypes", dict.fromkeys(m["servers"], m.get("dtype"))).items()}
     if "transformers serve" in tok_s:
         return (
-            f"{c} in flight, fp32, EOS a stop for both: transformers serve {_fmt(tok_s['transformers serve'])} "
-            f"→ roseinfer {_fmt(tok_s['roseinfer'])} output tok/s"
+            f"{c} in flight, EOS a stop for both: transformers serve ({dtypes['transformers serve']}) "
+            f"{_fmt(tok_s['transformers serve'])} → roseinfer ({dtypes['roseinfer']}) {_fmt(tok_s['roseinfer'])} "
+            "output tok/s"
         )
-    return f"{c} in flight: {_fmt(tok_s['roseinfer'])} output tok/s"
+    return f"{c} in flight, {dtypes['roseinfer']}: {_fmt(tok_s['roseinfer'])} output tok/s"
 
 
 def _headline_nb11_bf16_cpu(m: dict) -> str:
@@ -446,7 +440,7 @@ HEADLINES = {  # the one before -> after figure each notebook is about
     "nb06_scheduler_accessors": _headline_nb06_scheduler_accessors,
     "nb07_batched_worker_lookups": _headline_nb07_batched_worker_lookups,
     "nb08_paged_attention": _headline_nb08_paged_attention,
-    "nb09_compiled_decode": _headline_nb09_compiled_decode,
+    "nb09_one_call": _headline_nb09_one_call,
     "nb09_cuda_graphs": _headline_nb09_cuda_graphs,
     "nb10_prefix_cache": _headline_nb10_prefix_cache,
     "nb13_final_server": _headline_nb13_final_server,
@@ -485,8 +479,8 @@ NOTEBOOKS = [
     ),
     (
         "09_cuda_graphs",
-        ("nb09_compiled_decode", "nb09_cuda_graphs"),
-        "eager decode step → a compiled step (CPU); CUDA graph replay (GPU)",
+        ("nb09_one_call", "nb09_cuda_graphs"),
+        "a call per operation → one C call per decode step (CPU); eager → CUDA graph replay (GPU)",
     ),
     ("10_prefix_cache", "nb10_prefix_cache", "recompute shared prefixes → the prefix cache"),
     ("11_bf16_cpu", "nb11_bf16_cpu", "fp32 projections → bf16: roseinfer's kernel for AVX512-BF16, oneDNN's where the CPU has AMX"),

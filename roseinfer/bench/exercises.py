@@ -51,7 +51,7 @@ def check_kv_cache_attention(step: Callable) -> str:
 
 
 def check_prefix_router(route: Callable[[str, list[str]], str]) -> str:
-    """Notebook 13: `route(prompt, replicas)` must send prompts with the same system prompt (the text before
+    """Notebook 14: `route(prompt, replicas)` must send prompts with the same system prompt (the text before
     "\\nUser:") to the same replica, and spread distinct system prompts over the replicas."""
     systems = [f"System {i}: you answer for shop number {i}." for i in range(16)]
     try:
@@ -69,7 +69,7 @@ def check_prefix_router(route: Callable[[str, list[str]], str]) -> str:
 
 
 def check_gqa_decode(attend: Callable) -> str:
-    """Notebook 14: `attend(q, k, v, scale)` with q [heads, D] (one decode token) and k, v [tokens, kv_heads, D]
+    """Notebook 12: `attend(q, k, v, scale)` with q [heads, D] (one decode token) and k, v [tokens, kv_heads, D]
     must give [heads, D], query head h reading KV head h // (heads // kv_heads), as transformers lays them out."""
     import torch
 
@@ -179,3 +179,431 @@ def _check_generated_ids(get_ids: Callable) -> str:
         return f"FAIL: an unknown request id raised {type(exc).__name__}; the scheduler's accessors raise KeyError"
     return (f"FAIL: request {unknown} does not exist, yet it returned {stray!r}: raise KeyError, as the scheduler's "
             "accessors do, so that a wrong id is an error and not an answer")
+
+
+class _GuardedStreams(dict):
+    """check_collect_step_records's `_streams`: remembers every read or change made without the lock held."""
+
+    def __init__(self, lock, items) -> None:
+        super().__init__(items)
+        self._guard, self.unguarded = lock, 0
+
+    def _seen(self) -> None:
+        self.unguarded += not self._guard.locked()
+
+    def __getitem__(self, key):
+        self._seen()
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self._seen()
+        return super().__contains__(key)
+
+    def get(self, key, default=None):
+        self._seen()
+        return super().get(key, default)
+
+    def pop(self, key, *default):
+        self._seen()
+        return super().pop(key, *default)
+
+
+class _Stream:
+    """A stand-in RequestStream: any delivery (`on_token` detokenizes and queues text) is noted, lock held or not."""
+
+    def __init__(self, request_id: int, lock) -> None:
+        self.request_id, self._guard, self.deliveries = request_id, lock, []
+
+    def _delivered(self, *args, **kwargs) -> None:
+        self.deliveries.append(self._guard.locked())
+
+    on_token = on_finish = fail = _put = _flush = _delivered
+
+    def __repr__(self) -> str:
+        return f"<stream of request {self.request_id}>"
+
+
+def check_collect_step_records(collect: Callable) -> str:
+    """Notebook 07: `collect(self, step_tokens, finished)` is SchedulerManager._collect_step_records, the worker's
+    lookup after a step. `self._streams` maps a request id to its stream; the handler threads add and drop streams
+    under `self._lock`. It must take that lock once for the whole step, return a StepRecord(stream, token, finished)
+    for every request with news (a token in `step_tokens`, or in `finished`), pop the finished requests' streams,
+    skip requests whose stream a handler already dropped (aborted), and deliver nothing itself: `_deliver`
+    detokenizes and hands over, outside the lock, after the lookup.
+
+    The step checked: requests 3, 7 and 11 got tokens, 7 finished with its token, 20 finished without one, 42 is
+    running but got no token this step, and 99 (a token) and 55 (finished) were aborted since the step began."""
+    import threading
+    from types import SimpleNamespace
+
+    from roseinfer.bench.instrument import CountingLock
+
+    lock = CountingLock()
+    lock.counted_thread = threading.get_ident()
+    live = {rid: _Stream(rid, lock) for rid in (3, 7, 11, 20, 42)}
+    streams = _GuardedStreams(lock, live)
+    step_tokens, finished = {3: 103, 7: 107, 11: 111, 99: 199}, [7, 20, 55]
+    expected = {3: (103, False), 7: (107, True), 11: (111, False), 20: (None, True)}
+    try:
+        records = collect(SimpleNamespace(_lock=lock, _streams=streams), step_tokens, finished)
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your lookup"
+    except KeyError as exc:
+        rid = exc.args[0] if exc.args else "?"
+        return (f"FAIL: KeyError for request {rid}: a handler aborted it after the step began, so its stream is gone; "
+                "skip it (`self._streams.get(rid)`, `self._streams.pop(rid, None)`)")
+    except Exception as exc:
+        return f"FAIL: it raised {type(exc).__name__}: {exc}"
+    if lock.locked():
+        return "FAIL: the lock is still held after the call: release it (`with self._lock:` does)"
+    delivered = [(s.request_id, held) for s in live.values() for held in s.deliveries]
+    if delivered:
+        rid, held = delivered[0]
+        where = "with the lock held, so every handler waits on the text" if held else "itself"
+        return (f"FAIL: it delivered request {rid}'s news (on_token detokenizes and queues text) {where}: return "
+                "the records; _deliver hands them over after the lookup, outside the lock")
+    if lock.count == 0 or streams.unguarded:
+        return ("FAIL: it read or changed self._streams without holding self._lock: the handler threads add and "
+                "drop streams under that lock")
+    if lock.count > 1:
+        return (f"FAIL: {lock.count} lock acquisitions for one step of {len(expected)} requests with news: take the "
+                "lock once, around the whole loop (one per request is the lock-per-token version)")
+    if not isinstance(records, list):
+        return f"FAIL: expected a list of StepRecord, got {type(records).__name__}"
+    got: dict[int, list[tuple]] = {}
+    for record in records:
+        stream, token, done = (record if isinstance(record, tuple) else
+                               (getattr(record, "stream", None), getattr(record, "token", None),
+                                getattr(record, "finished", None)))
+        if stream is None:
+            return ("FAIL: a record with no stream: a request a handler aborted has none; skip it rather than "
+                    "return a record for it")
+        got.setdefault(stream.request_id, []).append((token, done))
+    for rid, want in expected.items():
+        if rid not in got:
+            why = (" It finished without a token: look up every request in step_tokens or in finished (their union)"
+                   if rid == 20 else "")
+            return f"FAIL: request {rid} had news this step and got no record.{why}"
+        if len(got[rid]) > 1:
+            return f"FAIL: request {rid} got {len(got[rid])} records: look each request up once (the union of ids)"
+        if got[rid][0] != want:
+            return (f"FAIL: request {rid}'s record says token {got[rid][0][0]}, finished {got[rid][0][1]}; "
+                    f"expected token {want[0]}, finished {want[1]}")
+    if set(got) - set(expected):
+        return f"FAIL: request(s) {sorted(set(got) - set(expected))} had no news this step, yet got a record"
+    if {7, 20} & set(streams):
+        return (f"FAIL: request(s) {sorted({7, 20} & set(streams))} finished but their streams are still in "
+                "self._streams: pop the finished ones")
+    if set(streams) != {3, 11, 42}:
+        return (f"FAIL: request(s) {sorted({3, 11, 42} - set(streams))} are still running, yet their streams were "
+                "removed: pop only the finished")
+    return (f"PASS: one lock acquisition for a step of {len(expected)} requests with news; every record right, the "
+            "finished streams popped, the aborted skipped, nothing delivered inside the lock")
+
+
+def check_graph_bucket(choose: Callable) -> str:
+    """Notebook 09: `choose(buckets, batch)` picks the captured graph a decode step of `batch` rows replays, as
+    DecodeGraphs.bucket_for does: the smallest bucket that holds every row, and how many padding rows fill it,
+    as (bucket, padded rows); None where the batch is larger than every bucket (that step runs eagerly).
+    `buckets` are sorted, as graph_buckets gives them."""
+    from roseinfer.engine.cuda_graphs import graph_buckets
+
+    try:
+        for largest in (64, 16, 5):
+            buckets = graph_buckets(largest)
+            for batch in range(1, largest + 2):
+                verdict = _check_bucket(choose, list(buckets), batch)
+                if verdict:
+                    return verdict
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your choice"
+    return ("PASS: every batch goes to the smallest captured graph that holds it, padded to its size; a batch "
+            "larger than every graph runs eagerly")
+
+
+def _check_bucket(choose: Callable, buckets: list[int], batch: int) -> str | None:
+    fits = [b for b in buckets if b >= batch]
+    expected = (fits[0], fits[0] - batch) if fits else None
+    try:
+        got = choose(buckets, batch)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        if expected is None:
+            return (f"FAIL: a batch of {batch}, larger than every graph ({buckets[-1]} rows), raised "
+                    f"{type(exc).__name__}: return None, and the step runs eagerly")
+        return f"FAIL: buckets {buckets}, a batch of {batch}: it raised {type(exc).__name__}: {exc}"
+    if got == expected:
+        return None
+    if expected is None:
+        return (f"FAIL: a batch of {batch} is larger than every graph ({buckets[-1]} rows), yet it returned "
+                f"{got!r}: no graph holds its rows; return None, and the step runs eagerly")
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return f"FAIL: a batch of {batch}: expected (bucket, padded rows), got {got!r}"
+    bucket, padded = got
+    if bucket not in buckets:
+        return f"FAIL: a batch of {batch} went to {bucket!r}, which is not a captured size ({buckets})"
+    if bucket < batch:
+        return (f"FAIL: a batch of {batch} went to the graph of {bucket} rows: a replay computes exactly the rows "
+                "it captured, so rows would be lost; take the smallest bucket that holds the batch")
+    if bucket > expected[0]:
+        exact = " exactly" if expected[1] == 0 else ""
+        return (f"FAIL: a batch of {batch} went to the graph of {bucket} rows where the {expected[0]}-row graph "
+                f"holds it{exact}: every padding row is computed and thrown away; take the smallest that holds it")
+    return (f"FAIL: a batch of {batch} in the {bucket}-row graph leaves {expected[1]} padding rows (the bucket's "
+            f"rows less the batch's), not {padded!r}")
+
+
+def _paged_reference(q, k_cache, v_cache, table, context_len: int, scale: float):
+    """One sequence's decode attention by the gather + SDPA path (notebook 08's "before")."""
+    import torch
+
+    from roseinfer.attention.base import AttentionMetadata
+    from roseinfer.bench.paged_attention import gather_attention
+
+    meta = AttentionMetadata(slot_mapping=torch.full((1,), -1), block_tables=table[None],
+                             context_lens=torch.tensor([context_len], dtype=torch.int32),
+                             query_start_loc=torch.tensor([0, 1], dtype=torch.int32), max_query_len=1,
+                             max_context_len=context_len)
+    return gather_attention(q[None], k_cache, v_cache, meta, scale)[0]
+
+
+def _paged_weights(scores, block_size: int, rescale: bool = True, normalize: bool = True):
+    """Softmax weights of each head's scores [H, n], accumulated a block at a time as an online softmax does; with
+    rescale=False, the mistake of never rescaling what earlier blocks added when the maximum grows."""
+    import torch
+
+    heads, n = scores.shape
+    running = torch.full((heads,), float("-inf"), dtype=scores.dtype)
+    weights = torch.zeros_like(scores)
+    total = torch.zeros(heads, dtype=scores.dtype)
+    for start in range(0, n, block_size):
+        block = scores[:, start:start + block_size]
+        new = torch.maximum(running, block.max(dim=1).values)
+        if rescale:
+            weights *= torch.exp(running - new)[:, None]
+            total *= torch.exp(running - new)
+        weights[:, start:start + block_size] = torch.exp(block - new[:, None])
+        total += weights[:, start:start + block_size].sum(dim=1)
+        running = new
+    return weights / total[:, None] if normalize else weights
+
+
+def _call_paged(attend, case) -> tuple:
+    """(output as float32, None) or (None, the FAIL line) for one call of the reader's function."""
+    import torch
+
+    q, k_cache, v_cache, table, context_len, scale = case
+    try:
+        out = attend(q, k_cache, v_cache, table, context_len, scale)
+    except NotImplementedError:
+        raise
+    except IndexError as exc:
+        return None, (f"FAIL: IndexError ({exc}): an index past a block or past the table. Token t of the sequence "
+                      "lies in block block_table[t // block_size], slot t % block_size")
+    except Exception as exc:
+        return None, f"FAIL: it raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape):
+        got = getattr(out, "shape", type(out))
+        return None, f"FAIL: expected a tensor of shape {tuple(q.shape)} ([H, D]), got {got}"
+    return out.float(), None
+
+
+def _paged_probe(attend) -> str | None:
+    """Values that say which slot they came from: V of slot j is the j-th unit vector (the same for every head), so
+    out[h, j] is the weight head h gave slot j. The keys make each head's scores rise token by token (the maximum
+    grows from block to block), and the table has one entry more than the context needs."""
+    import torch
+
+    heads, block_size, num_blocks, table, n = 3, 4, 8, [5, 2, 6, 0], 10
+    dim = num_blocks * block_size
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(heads, dim, generator=gen)
+    k_cache = torch.randn(num_blocks, block_size, heads, dim, generator=gen)
+    slots = [table[t // block_size] * block_size + t % block_size for t in range(n)]  # token t's slot
+    for t, slot in enumerate(slots):  # score of token t rises by about 0.35 t
+        k_cache.view(-1, heads, dim)[slot] += 2.0 * t * q / (q * q).sum(dim=1, keepdim=True)
+    v_cache = torch.eye(dim).view(num_blocks, block_size, 1, dim).expand(-1, -1, heads, -1).contiguous()
+    scale = dim**-0.5
+    out, fail = _call_paged(attend, (q, k_cache, v_cache, torch.tensor(table, dtype=torch.int32), n, scale))
+    if fail:
+        return fail
+    if not torch.isfinite(out).all():
+        return ("FAIL: NaN or inf in the output, with scores of a few units: look at the first block (with the "
+                "running maximum at -inf, exp(-inf - m) is 0 but -inf - (-inf) is NaN) and at the final division")
+    keys = k_cache.view(-1, heads, dim)[slots]  # [n, H, D]: the context's keys, token by token
+    owned = torch.zeros(dim, dtype=torch.bool)
+    owned[slots] = True
+    stray = out[:, ~owned].abs().sum(dim=1).max().item()
+    if stray > 1e-3:
+        last = table[(n - 1) // block_size] * block_size
+        beyond = set(range(last + n % block_size, last + block_size)) if n % block_size else set()
+        beyond |= {b * block_size + s for b in table[-(-n // block_size):] for s in range(block_size)}
+        read = {j for j in range(dim) if not owned[j] and out[:, j].abs().max() > 1e-4}
+        if read <= beyond and bool((out[:, slots].abs() > 1e-6).all()):  # every token read, and more
+            return (f"FAIL: with context_len {n} and blocks of {block_size}, it read slots past the context (the end "
+                    f"of the last block, or table entries after it): read {-(-n // block_size)} blocks, and only "
+                    f"{n - (-(-n // block_size) - 1) * block_size} tokens of the last")
+        if {j for j in range(dim) if out[:, j].abs().max() > 1e-4} == set(range(n)):  # token t from slot t
+            return ("FAIL: it read blocks 0, 1, 2, ... of the cache, not the sequence's: the physical block of token "
+                    "t is block_table[t // block_size]")
+        return (f"FAIL: it read slots that hold none of this sequence's tokens (weight {stray:.2f} on them): wrong "
+                "block/slot arithmetic; token t lies in block block_table[t // block_size], slot t % block_size")
+    weights = out[:, slots]  # [H, n]
+    own = torch.einsum("hd,nhd->hn", q, keys) * scale
+    if torch.allclose(weights, _paged_weights(own, block_size), atol=1e-4):
+        return None
+    tail = n % block_size
+    if tail and weights[:, -tail:].abs().max() < 1e-6:
+        return (f"FAIL: the last {tail} tokens got no weight: the last block is only partly full; read "
+                "ceil(context_len / block_size) blocks")
+    sums = out.sum(dim=1)
+    if (sums - 1).abs().max() > 1e-3:
+        return (f"FAIL: each head's weights sum to {sums.tolist()[0]:.3g}, not 1: divide the accumulator by the "
+                "running sum of the exponentials at the end")
+    for h in range(heads):
+        for g in range(heads):
+            other = _paged_weights(torch.einsum("d,nd->n", q[h], keys[:, g])[None] * scale, block_size)[0]
+            if g != h and torch.allclose(weights[h], other, atol=1e-4):
+                return (f"FAIL: mixing up heads: query head {h} scored head {g}'s keys; head h reads "
+                        "k_cache[block, slot, h] only")
+    summed = _paged_weights(torch.einsum("hd,nhd->n", q, keys)[None] * scale, block_size)
+    if torch.allclose(weights, summed.expand(heads, -1), atol=1e-4):
+        return ("FAIL: mixing up heads: every head got the same weights, its scores summed over all heads; each head "
+                "scores its own query against its own keys")
+    for wrong, why in ((1.0, "without the scale"), (scale**2, "with the scale applied twice")):
+        if torch.allclose(weights, _paged_weights(own / scale * wrong, block_size), atol=1e-4):
+            return f"FAIL: the scores were taken {why}: softmax(q . k x scale), the scale once"
+    if torch.allclose(weights, _paged_weights(own, block_size, rescale=False), atol=1e-4) or torch.allclose(
+            weights, _paged_weights(own, 1, rescale=False), atol=1e-4):
+        return ("FAIL: what earlier tokens added was not rescaled when the running maximum grew: multiply the running "
+                "sum and the accumulator by exp(old max - new max) before adding the new block")
+    off = (weights - _paged_weights(own, block_size)).abs().max()
+    return f"FAIL: each slot was read right, but the weights are off by {off:.3g} from the softmax of q . k x scale"
+
+
+def check_paged_decode(attend: Callable) -> str:
+    """Notebook 08: `attend(q, k_cache, v_cache, block_table, context_len, scale)` is one sequence's decode attention
+    read through its block table: q [H, D]; caches [num_blocks, block_size, H, D]; block_table a 1-D int tensor whose
+    entry j is the physical block of the sequence's tokens j * block_size .. (j + 1) * block_size - 1 (it may have
+    entries past the context: ignore them); context_len the tokens cached. It must return [H, D]: each head's query
+    over its own head's keys and values of tokens 0 .. context_len - 1, as the gather + SDPA path gives.
+
+    Three checks: a probe whose values say which slots were read and with what weight (block and slot arithmetic,
+    the context's end, heads, the softmax); random caches with poison in every slot the sequence does not own, at
+    contexts of 1, one block, two and 13 tokens; a score of 2000 (exp overflows without the maximum subtracted, even
+    in float64). It cannot tell an online softmax from one taken over all the scores at once: that part is yours."""
+    import torch
+
+    try:
+        fail = _paged_probe(attend)
+        if fail:
+            return fail
+        heads, dim, block_size = 4, 8, 4
+        gen = torch.Generator().manual_seed(1)
+        for n in (1, block_size, 2 * block_size, 13):
+            table = torch.randperm(12, generator=gen)[: -(-n // block_size) + 2].to(torch.int32)  # 2 spare entries
+            k_cache, v_cache = (torch.randn(12, block_size, heads, dim, generator=gen) for _ in range(2))
+            owned = torch.zeros(12, block_size, dtype=torch.bool)
+            for t in range(n):
+                owned[table[t // block_size], t % block_size] = True
+            k_cache[~owned] = 1e4  # poison: a slot read that no token owns wrecks the answer
+            v_cache[~owned] = 1e4
+            case = (torch.randn(heads, dim, generator=gen), k_cache, v_cache, table, n, dim**-0.5)
+            out, fail = _call_paged(attend, case)
+            if fail:
+                return fail
+            expected = _paged_reference(*case)
+            if torch.allclose(out, expected, atol=1e-4):
+                continue
+            q = case[0]
+            keys, values = (c.view(-1, heads, dim)[[int(table[t // block_size]) * block_size + t % block_size
+                                                     for t in range(n)]] for c in (k_cache, v_cache))
+            for h in range(heads):
+                for g in range(heads):
+                    w = torch.softmax(keys[:, h] @ q[h] * dim**-0.5, dim=0)
+                    if g != h and torch.allclose(out[h], w @ values[:, g], atol=1e-4):
+                        return (f"FAIL: mixing up heads: head {h}'s weights were applied to head {g}'s values; head h "
+                                "reads v_cache[block, slot, h]")
+                    w = torch.softmax(keys[:, g] @ q[h] * dim**-0.5, dim=0)
+                    if g != h and torch.allclose(out[h], w @ values[:, g], atol=1e-4):
+                        return (f"FAIL: mixing up heads: query head {h} read head {g}'s keys and values; head h "
+                                "reads k_cache[block, slot, h] and v_cache[block, slot, h]")
+            return (f"FAIL: context_len {n} (blocks of {block_size}): off by {(out - expected).abs().max():.3g} from "
+                    "the gather + SDPA reference")
+        heads, dim = 2, 8
+        q, k_cache = torch.randn(heads, dim, generator=gen) * 10, torch.randn(6, block_size, heads, dim, generator=gen)
+        v_cache, table, scale = torch.randn(6, block_size, heads, dim, generator=gen), [3, 1, 4], dim**-0.5
+        k_cache[1, 2] = q * (2000 / scale) / (q * q).sum(dim=1, keepdim=True)  # token 6's score: 2000, every head
+        case = (q, k_cache, v_cache, torch.tensor(table, dtype=torch.int32), 11, scale)
+        out, fail = _call_paged(attend, case)
+        if fail:
+            return fail
+        if not torch.isfinite(out).all():
+            return ("FAIL: overflow: with a score of 2000, exp(score) is inf (in float64 too) and the output NaN: "
+                    "subtract each head's running maximum before exp, and rescale when it grows")
+        if not torch.allclose(out, _paged_reference(*case), atol=1e-4):
+            return (f"FAIL: with a score of 2000 among scores of about 10 the output is off by "
+                    f"{(out - _paged_reference(*case)).abs().max():.3g} (it should be that token's value)")
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your attention"
+    return ("PASS: every token read through the block table, nothing past the context, each head on its own keys and "
+            "values, no overflow at a score of 2000; equal to the gather + SDPA reference")
+
+
+SSE_BASE = {"id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": "gpt2"}
+SSE_PIECES = ["Hello", ",", " new\nline", " caf\u00e9"]
+
+
+def check_frame_stream(frame: Callable) -> str:
+    """Notebook 13: `frame(base, pieces, finish_reason)` must return the body of one streamed completion, as the
+    server sends it: a `data: <chunk JSON>` event per piece, one chunk with the finish reason, then `data: [DONE]`."""
+    import json
+
+    try:
+        out = frame(dict(SSE_BASE), list(SSE_PIECES), "length")
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your framing"
+    if not isinstance(out, str):
+        return f"FAIL: return the whole body as one str (got {type(out).__name__})"
+    if "new\nline" in out:
+        return ("FAIL: a raw newline inside an event: the piece ' new\\nline' was written as it is, and a newline "
+                "ends the event's line; json.dumps the chunk (it writes the newline as \\n)")
+    if not out.endswith("\n\n") or any("\n" in e for e in out.split("\n\n")):
+        return ("FAIL: each event ends with a blank line ('\\n\\n'): without it the client reads the next event as "
+                "part of this one")
+    events = out.split("\n\n")[:-1]
+    if not all(e.startswith("data: ") for e in events):
+        return "FAIL: every event is one line starting with 'data: ' (then the JSON, or [DONE])"
+    payloads = [e.removeprefix("data: ") for e in events]
+    if payloads[-1] == '"[DONE]"':
+        return "FAIL: [DONE] is sent as it is, `data: [DONE]`, not as a JSON string"
+    if payloads[-1] != "[DONE]":
+        return "FAIL: the stream must end with `data: [DONE]`, OpenAI's end-of-stream marker"
+    try:
+        chunks = [json.loads(p) for p in payloads[:-1]]
+    except json.JSONDecodeError as exc:
+        return f"FAIL: an event's data is not JSON ({exc}): json.dumps each chunk"
+    if len(chunks) == len(SSE_PIECES):
+        return ("FAIL: no chunk of its own carries the finish reason: after the pieces, send one more chunk with "
+                "text '' and finish_reason")
+    if len(chunks) != len(SSE_PIECES) + 1:
+        return f"FAIL: {len(chunks)} chunks for {len(SSE_PIECES)} pieces (expected one a piece, then one to finish)"
+    if not all(isinstance(c, dict) and all(c.get(k) == v for k, v in SSE_BASE.items()) for c in chunks):
+        return "FAIL: every chunk carries the envelope (`base`: id, object, created, model), not only the first"
+    try:
+        choices = [c["choices"][0] for c in chunks]
+        texts = [ch["text"] for ch in choices]
+        reasons = [ch["finish_reason"] for ch in choices]
+    except (KeyError, IndexError, TypeError):
+        return "FAIL: each chunk needs choices: [{index, text, logprobs, finish_reason}]"
+    if texts[:-1] != SSE_PIECES or texts[-1] != "":
+        return f"FAIL: the chunks' texts are {texts}: expected each piece unchanged, then ''"
+    if any(r is not None for r in reasons[:-1]):
+        return "FAIL: finish_reason is null on the pieces' chunks, set only on the last"
+    if reasons[-1] != "length":
+        return f"FAIL: the last chunk's finish_reason is {reasons[-1]!r}, expected the one passed in, 'length'"
+    if any(ch.get("index") != 0 for ch in choices):
+        return "FAIL: a single completion's choices all have index 0"
+    return ("PASS: one `data:` event a piece (a newline in a piece JSON-escaped), a chunk with the finish reason, "
+            "the envelope on every chunk, then `data: [DONE]`; a blank line after each event")

@@ -17,14 +17,14 @@ def kv_cache_attention(cache, x, project, scale):
 
 
 def prefix_router(prompt: str, replicas: list[str]) -> str:
-    """Notebook 13: hash what is shared (the system prompt, before "\\nUser:"), so it always lands on one replica.
+    """Notebook 14: hash what is shared (the system prompt, before "\\nUser:"), so it always lands on one replica.
     A stable hash (not Python's `hash`, salted per process) keeps the choice across gateway restarts."""
     system = prompt.split("\nUser:")[0]
     return replicas[int(hashlib.sha256(system.encode()).hexdigest(), 16) % len(replicas)]
 
 
 def gqa_decode(q, k, v, scale):
-    """Notebook 14: give every KV head to its `group` consecutive query heads, then ordinary attention."""
+    """Notebook 12: give every KV head to its `group` consecutive query heads, then ordinary attention."""
     group = q.shape[0] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [tokens, heads, D]
     weights = ((k * q).sum(-1) * scale).softmax(dim=0)  # [tokens, heads]: each head's softmax over the tokens
@@ -35,3 +35,62 @@ def get_generated_ids(scheduler, request_id):
     """Notebook 06: the request's output ids, copied: the caller owns the list, the scheduler keeps its own.
     `scheduler._requests[request_id]` raises KeyError for an unknown id, as the scheduler's accessors do."""
     return list(scheduler._requests[request_id].output_token_ids)
+
+
+def collect_step_records(self, step_tokens, finished):
+    """Notebook 07: one `with self._lock:` around the whole loop; the streams of finished requests popped, of
+    aborted ones (None) skipped. Delivery stays outside, in `_deliver`."""
+    from roseinfer.server.manager import StepRecord
+
+    done = set(finished)
+    records = []
+    with self._lock:
+        for rid in step_tokens.keys() | done:
+            stream = self._streams.pop(rid, None) if rid in done else self._streams.get(rid)
+            if stream is not None:
+                records.append(StepRecord(stream, step_tokens.get(rid), rid in done))
+    return records
+
+
+def graph_bucket(buckets, batch):
+    """Notebook 09: the first (smallest) captured size that holds the batch, and the padding rows that fill it;
+    None past the largest graph, where the step runs eagerly."""
+    for bucket in buckets:
+        if bucket >= batch:
+            return bucket, bucket - batch
+    return None
+
+
+def paged_decode(q, k_cache, v_cache, block_table, context_len, scale):
+    """Notebook 08: a block at a time through the table, each head keeping its running maximum, the running sum of
+    exp(score - maximum) and the accumulated values; both rescaled by exp(old max - new max) whenever it grows."""
+    import torch
+
+    block_size = k_cache.shape[1]
+    heads, dim = q.shape
+    running_max = torch.full((heads,), float("-inf"))
+    total, acc = torch.zeros(heads), torch.zeros(heads, dim)
+    for start in range(0, context_len, block_size):
+        block = int(block_table[start // block_size])
+        n = min(block_size, context_len - start)  # the last block may be partly full
+        k, v = k_cache[block, :n].float(), v_cache[block, :n].float()  # [n, H, D]
+        scores = torch.einsum("hd,nhd->hn", q.float(), k) * scale  # head h against its own keys
+        new_max = torch.maximum(running_max, scores.max(dim=1).values)
+        rescale = torch.exp(running_max - new_max)  # 0 at the first block: exp(-inf)
+        p = torch.exp(scores - new_max[:, None])
+        total = total * rescale + p.sum(dim=1)
+        acc = acc * rescale[:, None] + torch.einsum("hn,nhd->hd", p, v)
+        running_max = new_max
+    return acc / total[:, None]
+
+
+def frame_stream(base, pieces, finish_reason):
+    import json
+
+    def event(data):  # one server-sent event: a `data:` line, then a blank line
+        return "data: " + (data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)) + "\n\n"
+
+    def chunk(text, reason):
+        return {**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+    return "".join(event(chunk(p, None)) for p in pieces) + event(chunk("", finish_reason)) + event("[DONE]")

@@ -148,9 +148,8 @@ class Llama(nn.Module):
 
     def pack_for_cpu(self, cpu_linear: str = "auto") -> None:
         """Every projection, and the LM head, in the CPU kernels' layout (see GPT2.pack_for_cpu)."""
-        from roseinfer.models.packed_linear import PackedLinear, pack_linears
-
         from roseinfer.models.fused_decode import LLAMA_LAYER, FusedDecode
+        from roseinfer.models.packed_linear import PackedLinear, pack_linears
 
         pack_linears(self.layers, cpu_linear)
         self.__dict__["_packed_lm_head"] = PackedLinear(self.head_weight(), None, cpu_linear=cpu_linear)
