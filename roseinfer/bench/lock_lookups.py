@@ -28,8 +28,10 @@ from roseinfer.sampling import SamplingParams
 COLORS = {"lock-per-token": "#7f7f7f", "current": "#d9534f"}
 
 
-def acquisitions_per_step(engine, variant: str, batch: int, new_tokens: int = 8) -> list[tuple[int, int]]:
-    """(lock acquisitions by the worker, requests with news) in every step's lookup, B streams served together."""
+def acquisitions_per_step(engine, variant: str, batch: int, new_tokens: int = 32) -> list[tuple[int, int]]:
+    """(lock acquisitions by the worker, requests with news) in every step's lookup, B streams served together.
+    Each asks for `new_tokens`: enough that the first are still decoding when the last arrive, so some steps
+    carry all B."""
     per_step: list[tuple[int, int]] = []
 
     def count(manager) -> None:
