@@ -114,9 +114,9 @@ PROBE_REPEATS = 50  # ~0.1 ms a call: the whole probe stays under 0.1 s
 # step the kernel won by 10%.
 SMALL_ROWS_MARGIN = 0.75
 # One row is held only to beating oneDNN: there the small path also lets a decode step run all its layers in one
-# C call (models/fused_decode.py needs roseinfer's kernel on every projection), which saves 1.1-1.3x of a batch-1
-# step (notebook 09) on top of the projections. At 0.75 the choice flipped between processes on a Zen 4, whose
-# one-row ratio measured 0.61-0.77, and with it whether batch 1 ran the one-call step.
+# C call (models/fused_decode.py needs roseinfer's kernel on every projection), a gain of its own on top of the
+# projections (notebook 09 measures it). Held to 0.75, a CPU whose one-row ratio sits near that margin (a Zen 4 did)
+# flipped the choice between processes, and with it whether batch 1 ran the one-call step.
 ONE_ROW_MARGIN = 1.0
 packs = 0  # weights (re)packed in this process, by construction or load_state_dict
 
