@@ -10,7 +10,8 @@ one engine so all see the same machine:
   operation (`fused_decode.enabled = False`);
 - "fused": every layer of the step in one C call (kernels/cpu/decode_layers.c), where the engine's
   projections all run roseinfer's own kernel (models/fused_decode.py: bf16 on a CPU with AVX512-BF16
-  and no AMX, fp32 at the few rows its probe gave roseinfer's kernel); otherwise as "kernels".
+  and no AMX, fp32 at the rows its probe gave roseinfer's kernel: its few rows, and in one-call steps
+  up to 32 rows where it kept within 1.15x of oneDNN's); otherwise as "kernels".
 Each round also measures the memory's read bandwidth, and each side's `x_floor` is its step time
 over the step's bytes (weights once, K/V) at that bandwidth. Then each small operation alone, per
 call. Writes results/cpu/decode_layers.json: step medians per round, the ratios torch / kernels and
@@ -29,7 +30,7 @@ from roseinfer import InferenceEngine
 from roseinfer.bench.decode_step import decode_batch, step_times_ms
 from roseinfer.bench.results import make_result, results_dir, write_json
 from roseinfer.bench.roofline import decode_step_cost, read_bandwidth_meter
-from roseinfer.models import fused_decode, pointwise
+from roseinfer.models import fused_decode, packed_linear, pointwise
 
 SIDES = ("torch", "kernels", "fused")
 
@@ -119,7 +120,14 @@ def main() -> None:
                   "x floor " + ", ".join(f"{side} {row['x_floor'][side]:.2f}" for side in SIDES))
             for name, us in row["per_call_us"].items():
                 print(f"    {name:9s} {us['kernel']:6.1f} us a call, torch {us['torch']:6.1f}")
-    path = write_json(results_dir() / "decode_layers.json", make_result("decode_layers", "current", vars(args), {"rows": rows}))
+    # fp32's kernel choices, as this process's probe made them (models/packed_linear.py): which rows a step with
+    # a Python call per operation gives roseinfer's kernel, and up to which rows a one-call step runs on it.
+    kernel, small_rows = packed_linear.fp32_small_rows()
+    choices = {"small_kernel": kernel, "small_rows": small_rows, "fused_rows": packed_linear.fp32_fused_rows(),
+               "fused_probe_ratios": dict(packed_linear.fused_probe_ratios)}
+    print(f"fp32 kernels: {choices}")
+    path = write_json(results_dir() / "decode_layers.json",
+                      make_result("decode_layers", "current", vars(args), {"rows": rows, "fp32_kernels": choices}))
     print(f"wrote {path}")
 
 

@@ -47,6 +47,7 @@ def checkpoint(request, tmp_path_factory):
 
 def _engine(path, monkeypatch, **config) -> InferenceEngine:
     monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("roseinfer", SMALL_ROWS))
+    monkeypatch.setattr(packed_linear, "fp32_fused_rows", lambda: SMALL_ROWS)  # one-call steps no wider either
     return InferenceEngine.from_pretrained(str(path), **{"num_kv_blocks": 64, **config})
 
 
@@ -112,6 +113,33 @@ def test_greedy_tokens_and_what_takes_the_loop(checkpoint, monkeypatch):
     assert fused == [[o.token_ids for o in engine.generate(prompts, params)] for prompts in (few, many)]
     assert _engine(checkpoint, monkeypatch, quantization="int8").runner.model.__dict__["_fused_decode"] is None
     assert _engine(checkpoint, monkeypatch, cpu_linear="onednn").runner.model.__dict__["_fused_decode"] is None
+
+
+def test_steps_past_the_small_rows_run_in_one_call_where_the_probe_allows(checkpoint, monkeypatch):
+    """fp32 steps of more rows than the kernel's small ones go to the C loop up to fused_rows (the Python loop
+    runs oneDNN there, so the two agree within rounding), and to the loop past it."""
+    monkeypatch.setattr(packed_linear, "fp32_fused_rows", lambda: 12)
+    monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda: ("roseinfer", packed_linear.SMALL_ROWS_PROBE[-1]))
+    engine = InferenceEngine.from_pretrained(str(checkpoint), num_kv_blocks=64, dtype="float32")
+    assert engine.runner.model.__dict__["_fused_decode"].max_rows == 12
+    answers = _count_fused(monkeypatch)
+    blocks = engine.block_manager
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS * 4][:13]
+    tables = [blocks.allocate(-(-(len(p) + 1) // blocks.block_size)) for p in prompts]
+    try:
+        for p, t in zip(prompts, tables):
+            engine.runner.logits_for([_entry(p, 0, t)])
+        step = [_entry([p[-1]], len(p), t) for p, t in zip(prompts, tables)]
+        fused = engine.runner.logits_for(step[:12])
+        monkeypatch.setattr(fused_decode, "enabled", False)
+        loop = engine.runner.logits_for(step[:12])
+        monkeypatch.setattr(fused_decode, "enabled", True)
+        engine.runner.logits_for(step)  # 13 rows: past fused_rows
+    finally:
+        for t in tables:
+            blocks.free(t)
+    assert answers[len(prompts):] == [True, False, False]  # (the second: the C loop disabled)
+    torch.testing.assert_close(fused, loop, rtol=0, atol=1e-4)
 
 
 def test_a_bad_block_table_is_the_loops_error(checkpoint, monkeypatch):

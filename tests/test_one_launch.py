@@ -16,6 +16,7 @@ needs_c = pytest.mark.skipif(load_decode_layers_kernel() is None, reason="no C c
 def engine(request):
     with pytest.MonkeyPatch.context() as patch:  # roseinfer's fp32 kernel for a few rows, whatever this CPU's probe
         patch.setattr(packed_linear, "fp32_small_rows", lambda: ("roseinfer", 4))
+        patch.setattr(packed_linear, "fp32_fused_rows", lambda: 4)
         return InferenceEngine.from_pretrained(request.param, dtype="float32", num_kv_blocks=64)
 
 

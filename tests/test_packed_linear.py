@@ -178,6 +178,27 @@ def test_the_fp32_row_threshold_is_where_the_small_path_stops_winning():
     assert choice(lambda rows: seconds(1.8, 2.0)) == ("torch", 0)
 
 
+def test_one_call_steps_extend_the_kernels_rows_while_it_keeps_up_with_onednn():
+    choice = packed_linear.fused_rows_choice
+    last = packed_linear.SMALL_ROWS_PROBE[-1]
+    near = packed_linear.FUSED_ROWS_MARGIN * 0.99
+    level = {count: seconds(9.0, 1.0, near) for count in packed_linear.FUSED_ROWS_PROBE}
+    assert choice(("roseinfer", last), level.__getitem__) == packed_linear.FUSED_ROWS_PROBE[-1]
+    # stops at the first count past the margin, even if a later one is back under it
+    fall = dict(level) | {packed_linear.FUSED_ROWS_PROBE[1]: seconds(9.0, 1.0, packed_linear.FUSED_ROWS_MARGIN * 1.01)}
+    assert choice(("roseinfer", last), fall.__getitem__) == packed_linear.FUSED_ROWS_PROBE[0]
+    assert choice(("roseinfer", last), lambda count: seconds(9.0, 1.0, 2.0)) == last
+    # counts past the small rows only; nothing where roseinfer's kernel took no small rows, or F.linear took them
+    probed = []
+    assert choice(("roseinfer", 4), lambda count: probed.append(count) or level[count]) == \
+        packed_linear.FUSED_ROWS_PROBE[-1]
+    assert probed == [count for count in packed_linear.FUSED_ROWS_PROBE if count > 4]
+    probed.clear()
+    for small in (("roseinfer", 0), ("torch", last)):
+        assert choice(small, lambda count: probed.append(count) or level[count]) == small[1]
+    assert probed == []
+
+
 def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):
     real_timer = packed_linear._time_fp32_linears
     calls = []
@@ -193,6 +214,18 @@ def test_the_fp32_choice_is_measured_once_a_process(monkeypatch):
     measured = real_timer(1)  # the real timer runs and gives a duration per kernel
     assert set(measured) == {"torch", "onednn"} | ({"roseinfer"} if load_f32_linear_kernel() else set())
     assert all(t > 0 for t in measured.values())
+    assert set(real_timer(16, repeats=2, with_torch=False)) == set(measured) - {"torch"}
+
+
+def test_the_one_call_rows_reach_the_projections(monkeypatch):
+    last = packed_linear.SMALL_ROWS_PROBE[-1]
+    monkeypatch.setattr(packed_linear, "fp32_fused_rows", lambda: 32)
+    weight = torch.randn(16, 8)
+    for small, fused in ((("roseinfer", last), 32), (("roseinfer", 4), 32), (("roseinfer", 0), 0),
+                         (("torch", last), last)):
+        monkeypatch.setattr(packed_linear, "fp32_small_rows", lambda small=small: small)
+        layer = PackedLinear(weight, None)
+        assert (layer.small_rows, layer.fused_rows) == (small[1], fused)
 
 
 needs_f32_kernel = pytest.mark.skipif(load_f32_linear_kernel() is None, reason="no C compiler: no fp32 kernel")

@@ -7,6 +7,7 @@ from runner_io import Requests, run
 
 import roseinfer
 from roseinfer import InferenceEngine
+from roseinfer.models import packed_linear
 from roseinfer.sampling import SamplingParams
 
 
@@ -23,7 +24,12 @@ def load(spec):
         return [o.token_ids for o in outs]
 
     dtype = "int8" if engine.config.quantization else str(engine.dtype).removeprefix("torch.")
-    return generate, {"roseinfer": roseinfer.__version__, "torch": torch.__version__, "dtype": dtype}
+    versions = {"roseinfer": roseinfer.__version__, "torch": torch.__version__, "dtype": dtype}
+    if dtype == "float32":  # the kernel choices this process's probe made (models/packed_linear.py)
+        kernel, rows = packed_linear.fp32_small_rows()
+        versions["fp32_kernels"] = (f"{kernel} up to {rows} rows, one-call decode steps up to "
+                                    f"{packed_linear.fp32_fused_rows()} rows, oneDNN past them")
+    return generate, versions
 
 
 if __name__ == "__main__":

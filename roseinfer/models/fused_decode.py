@@ -9,8 +9,8 @@ loop (tests/test_fused_decode.py checks it). GPT-2's loop keeps torch's LayerNor
 a call than a binding to C), so there the two differ by its rounding: within a few ulps, the same greedy tokens.
 
 It takes a step only where every operation of that loop would have been one of those kernels: a decode-only
-step on the CPU, every projection on roseinfer's own kernel at this many rows (bf16's kernel, or fp32's at
-its few rows), the attention kernel taking the tensors' layout, the pointwise kernels in use, and
+step on the CPU, every projection on roseinfer's own kernel at this many rows (bf16's kernel, or fp32's where
+its probe kept up with oneDNN's), the attention kernel taking the tensors' layout, the pointwise kernels in use, and
 torch.compile not tracing. Anything else runs the Python loop, which stays the reference. `enabled = False`
 sends every step there (benchmarks/benchmark_decode_layers.py times both).
 
@@ -88,8 +88,9 @@ class FusedDecode:
         dtypes = {p._own[4] for p in projections}
         if len(fns) != 1 or len(dtypes) != 1 or next(iter(dtypes)) not in SUFFIX:
             return None
-        # fp32's own kernel takes only the few rows below oneDNN's; bf16's any. SiLU's kernel stops at its limit.
-        rows = min(p.small_rows if p.kernel != "roseinfer" else pointwise.SILU_MAX_ROWS for p in projections)
+        # fp32's own kernel takes the rows where it keeps up with oneDNN's (fused_rows); bf16's any. SiLU's kernel
+        # stops at its limit.
+        rows = min(p.fused_rows if p.kernel != "roseinfer" else pointwise.SILU_MAX_ROWS for p in projections)
         rows = min(rows, pointwise.SILU_MAX_ROWS)
         return cls(layers, anatomy, config, next(iter(dtypes)), rows, next(iter(fns))) if rows else None
 

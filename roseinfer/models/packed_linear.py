@@ -31,7 +31,11 @@ on one representative shape at a few row counts (`fp32_small_rows`, as the
 bf16 choice is made from the CPU): the faster of roseinfer's kernel and
 `F.linear` at one row takes the small row counts, up to the first count where
 oneDNN's kernel beats it; that projection keeps the small path's weight
-(panels, or the dense matrix) beside oneDNN's.
+(panels, or the dense matrix) beside oneDNN's. Past those rows, a decode step
+whose layers all run in one C call (models/fused_decode.py) keeps roseinfer's
+kernel for as long as the same probe finds it within FUSED_ROWS_MARGIN of
+oneDNN's (`fp32_fused_rows`): the call saves the Python loop's calls between
+the projections, so there the kernel need only keep up.
 
 The choice is `EngineConfig.cpu_linear` ("auto", "onednn", "roseinfer",
 "torch"), passed to each `PackedLinear`; ROSEINFER_CPU_LINEAR overrides the
@@ -118,6 +122,18 @@ SMALL_ROWS_MARGIN = 0.75
 # projections (notebook 09 measures it). Held to 0.75, a CPU whose one-row ratio sits near that margin (a Zen 4 did)
 # flipped the choice between processes, and with it whether batch 1 ran the one-call step.
 ONE_ROW_MARGIN = 1.0
+# Past the small rows, a row count can still run roseinfer's kernel inside the one-call decode step
+# (models/fused_decode.py), never in the Python loop: there the call saves the loop's Python calls between the
+# projections, so the kernel need only stay near oneDNN's, not beat it. Probed only where the kernel took the
+# small rows, and only up to 32 rows: the saving is a fixed cost a step, which the kernel's shortfall outgrows.
+# Measured with the probe reaching 64 rows (benchmarks/benchmark_decode_layers.py --batches 1 16 32 64, one-call
+# steps over the oneDNN loop): on a Zen 4 (results/cpu/decode_layers.json) 1.30x / 1.18x / 1.12x for SmolLM2 and
+# 1.14x / 1.07x / 1.03x for GPT-2 at 16 / 32 / 64 rows; held to the AVX2 class (results/cpu-avx2/) 1.20x / 1.10x /
+# 0.98x and 1.12x / 1.01x / 0.97x, with probe ratios there of 0.97 / 1.12 / 1.09: at 64 rows the probe did not see
+# the loss coming.
+FUSED_ROWS_PROBE = (8, 16, 32)  # (8: where the small rows' stricter margin stopped at 4)
+FUSED_ROWS_MARGIN = 1.15
+FUSED_PROBE_REPEATS = 40  # calls of 0.3-0.6 ms: the fused probe adds about 0.1 s once a process
 packs = 0  # weights (re)packed in this process, by construction or load_state_dict
 
 
@@ -165,21 +181,21 @@ def small_rows_choice(timer: Callable[[int], dict[str, float]]) -> tuple[str, in
     return kernel, threshold
 
 
-def _time_fp32_linears(rows: int) -> dict[str, float]:
-    """Median seconds of F.linear, the packed oneDNN call and (where built) roseinfer's fp32 kernel on
-    PROBE_SHAPE, interleaved."""
+def _time_fp32_linears(rows: int, repeats: int = PROBE_REPEATS, with_torch: bool = True) -> dict[str, float]:
+    """Median seconds of F.linear (unless not `with_torch`), the packed oneDNN call and (where built) roseinfer's
+    fp32 kernel on PROBE_SHAPE, interleaved."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(PROBE_SHAPE, generator=gen)
     x = torch.randn(rows, PROBE_SHAPE[1], generator=gen)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
-    calls = {"torch": lambda: F.linear(x, weight),
-             "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    calls = {"torch": lambda: F.linear(x, weight)} if with_torch else {}
+    calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     lib = load_f32_linear_kernel()
     if lib is not None:
         panels = pack_f32_panels(weight, lib.linear_f32_panel_columns())
         calls["roseinfer"] = lambda: f32_linear(x, panels, None, False, PROBE_SHAPE[0])
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for repeat in range(PROBE_REPEATS + 3):
+    for repeat in range(repeats + 3):
         for name, call in calls.items():
             start = time.perf_counter()
             call()
@@ -197,6 +213,44 @@ def fp32_small_rows() -> tuple[str, int]:
     logger.info("roseinfer: fp32 projections of up to %d rows take %s (faster than oneDNN's packed kernel "
                 "there on this CPU), more rows the packed kernel", threshold, name)
     return kernel, threshold
+
+
+def fused_rows_choice(small: tuple[str, int], timer: Callable[[int], dict[str, float]]) -> int:
+    """The rows up to which a one-call decode step may run roseinfer's fp32 kernel: the small rows, extended over
+    the counts of FUSED_ROWS_PROBE past them, up to the first where the kernel took more than FUSED_ROWS_MARGIN
+    times oneDNN's time. Extended only where roseinfer's kernel took the small rows (`small`, from
+    small_rows_choice)."""
+    kernel, rows = small
+    if kernel != "roseinfer" or not rows:
+        return rows
+    for count in (count for count in FUSED_ROWS_PROBE if count > rows):
+        seconds = timer(count)
+        if seconds["roseinfer"] > FUSED_ROWS_MARGIN * seconds["onednn"]:
+            break
+        rows = count
+    return rows
+
+
+@functools.cache
+def fp32_fused_rows() -> int:
+    """fp32 decode steps of up to this many rows may run all their layers on roseinfer's kernel in one C call
+    (models/fused_decode.py), on this CPU. Measured once a process, after fp32_small_rows."""
+    small = fp32_small_rows()
+
+    def timer(count: int) -> dict[str, float]:
+        seconds = _time_fp32_linears(count, FUSED_PROBE_REPEATS, with_torch=False)
+        fused_probe_ratios[count] = seconds["roseinfer"] / seconds["onednn"]
+        return seconds
+
+    rows = fused_rows_choice(small, timer)
+    if fused_probe_ratios:
+        logger.info("roseinfer: fp32 decode steps of up to %d rows run in one C call on roseinfer's fp32 kernel "
+                    "(its time over oneDNN's on the probe: %s; the limit %.2f)", rows,
+                    ", ".join(f"{n} rows {r:.2f}" for n, r in fused_probe_ratios.items()), FUSED_ROWS_MARGIN)
+    return rows
+
+
+fused_probe_ratios: dict[int, float] = {}  # rows -> roseinfer's kernel's time over oneDNN's, as fp32_fused_rows measured
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -218,9 +272,13 @@ class PackedLinear(nn.Module):
         self.activation = activation
         self._attr, self._algorithm = ACTIVATIONS[activation]
         self.kernel = choose_kernel(weight.dtype, self.in_features, cpu_linear)
-        # fp32 on oneDNN: row counts up to small_rows take small_kernel (see fp32_small_rows).
+        # fp32 on oneDNN: row counts up to small_rows take small_kernel (see fp32_small_rows), and a one-call
+        # decode step of up to fused_rows rows takes roseinfer's kernel (see fp32_fused_rows).
         self.small_kernel, self.small_rows = fp32_small_rows() if self.kernel == "onednn" \
             and weight.dtype == torch.float32 and cpu_linear in ("auto", "roseinfer") else ("torch", 0)
+        self.fused_rows = self.small_rows
+        if self.small_kernel == "roseinfer" and self.small_rows:
+            self.fused_rows = max(self.small_rows, fp32_fused_rows())
         self._pack(weight, bias)
 
     @classmethod
