@@ -653,3 +653,279 @@ def test_frame_stream_mistakes_are_named(mistake, said):
 
     verdict = check_frame_stream(_frame_stream_with(mistake))
     assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+# --- notebook 02: packing a step's sequences into one flat batch -------------------------------------------------
+
+
+def _pack_batch_with(mistake: str = ""):
+    """notebook 02's solution with one mistake a learner makes, by name ("" for none)."""
+
+    def pack(seqs):
+        if mistake == "reordered":  # longest first, every field built in that order
+            seqs = sorted(seqs, key=lambda s: -len(s[0]))
+        longest = max(len(ids) for ids, _ in seqs)
+        input_ids, positions, offsets, context_lens, last_rows = [], [], [0], [], []
+        for ids, start in seqs:
+            n = len(ids)
+            input_ids += ids + [0] * (longest - n) if mistake == "padded" else ids
+            first = {"positions from 0": 0, "positions + 1": start + 1, "positions run on": len(positions)}
+            positions += range(first.get(mistake, start), first.get(mistake, start) + n)
+            offsets.append(offsets[-1] + n)
+            context_lens.append({"new tokens only": n, "cache only": start, "context - 1": start + n - 1}
+                                .get(mistake, start + n))
+            last_rows.append({"first token sampled": offsets[-2], "index within the sequence": n - 1,
+                              "next offset": offsets[-1]}.get(mistake, offsets[-1] - 1))
+        if mistake == "rows":
+            input_ids = [ids + [0] * (longest - len(ids)) for ids, _ in seqs]
+        offsets = {"offsets without 0": offsets[1:], "lengths as offsets": [len(ids) for ids, _ in seqs],
+                   "offsets - 1": [0] + [o - 1 for o in offsets[1:]]}.get(mistake, offsets)
+        out = (input_ids, positions, offsets, context_lens, last_rows)
+        if mistake == "tensors":
+            return tuple(torch.tensor(x) for x in out)
+        return out[:4] if mistake == "four" else out
+
+    return pack
+
+
+def test_pack_batch_solution_passes():
+    from roseinfer.bench.exercises import check_pack_batch
+    from roseinfer.bench.solutions import pack_batch
+
+    assert check_pack_batch(pack_batch).startswith("PASS")
+    assert check_pack_batch(_pack_batch_with()).startswith("PASS")  # the test's own variant, mistake-free
+    assert check_pack_batch(_pack_batch_with("tensors")).startswith("PASS")  # tensors are fine too
+
+
+def test_pack_batch_unwritten_says_so():
+    from roseinfer.bench.exercises import check_pack_batch
+
+    def unwritten(seqs):
+        raise NotImplementedError
+
+    assert check_pack_batch(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("padded", "padded:"),
+    ("rows", "one row per sequence is padding"),
+    ("reordered", "sequences reordered"),
+    ("positions from 0", "positions restart at 0"),
+    ("positions run on", "positions run on across sequences"),
+    ("positions + 1", "the first new token's position is start_pos"),
+    ("offsets without 0", "there are B + 1"),
+    ("lengths as offsets", "these are the sequences' lengths"),
+    ("offsets - 1", "offsets off by one"),
+    ("new tokens only", "the new tokens only"),
+    ("cache only", "the cache before this step"),
+    ("context - 1", "off by one: a sequence attends to start_pos + its new tokens"),
+    ("first token sampled", "sampled the first token"),
+    ("index within the sequence", "indices within each sequence"),
+    ("next offset", "is the next sequence's first token"),
+    ("four", "expected a tuple of five"),
+])
+def test_pack_batch_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_pack_batch
+
+    verdict = check_pack_batch(_pack_batch_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+# --- notebook 10: the prefix cache's lookup of a prompt's cached blocks -----------------------------------------
+
+
+def _prefix_blocks_with(mistake: str = ""):
+    """notebook 10's solution with one mistake a learner makes, by name ("" for none)."""
+    from roseinfer.engine.block_manager import chain_hash
+
+    def match(token_ids, block_size, cached):
+        usable = len(token_ids) - (0 if mistake == "last token" else 1)
+        end = usable if mistake == "partial" else usable - block_size + 1
+        if mistake == "one short":
+            end -= block_size
+        blocks, parent = [], None
+        for start in range(0, max(end, 0), block_size):
+            chunk = token_ids[start : min(start + block_size, usable)]
+            key = chain_hash(None if mistake == "unchained" else parent, chunk)
+            if key not in cached:
+                if mistake == "skips a miss":  # goes on, the parent left as it was
+                    continue
+                if mistake == "past a miss":  # goes on, chaining through the missing block
+                    parent = key
+                    continue
+                break
+            blocks.append({"keys": key, "positions": start // block_size}.get(mistake, cached[key]))
+            parent = key
+        return set(blocks) if mistake == "set" else blocks
+
+    return match
+
+
+def test_prefix_blocks_solution_passes():
+    from roseinfer.bench.exercises import check_prefix_blocks
+    from roseinfer.bench.solutions import prefix_blocks
+
+    assert check_prefix_blocks(prefix_blocks).startswith("PASS")
+    assert check_prefix_blocks(_prefix_blocks_with()).startswith("PASS")  # the test's own variant, mistake-free
+
+
+def test_prefix_blocks_solution_agrees_with_the_block_manager():
+    import random
+
+    from roseinfer.bench.solutions import prefix_blocks
+    from roseinfer.engine.block_manager import BlockManager, blocks_for, chain_hash
+
+    rng, size = random.Random(0), 2
+    manager = BlockManager(12, size)  # a small pool: later prompts evict earlier prompts' cached blocks
+    hits = 0
+    for _ in range(300):
+        prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]  # 3 token ids: prefixes repeat
+        found, hashes = manager.match_prefix(prompt, len(prompt) - 1)  # as OnlineScheduler._admit asks
+        assert prefix_blocks(prompt, size, dict(manager._block_of_hash)) == found, prompt
+        hits += bool(found)
+        # admit it as _admit does, register its full blocks as _register_full_blocks does, then finish it
+        table = found + manager.allocate(blocks_for(len(prompt), size) - len(found))
+        manager.share(found)
+        parent = hashes[-1] if hashes else None
+        for j in range(len(found), len(prompt) // size):
+            tokens = prompt[j * size : (j + 1) * size]
+            parent = chain_hash(parent, tokens)
+            manager.register(table[j], parent, tokens)
+        manager.free(table)
+    assert hits > 50  # the lookup was exercised: 98 of these 300 prompts found cached blocks
+
+
+def test_prefix_blocks_unwritten_says_so():
+    from roseinfer.bench.exercises import check_prefix_blocks
+
+    def unwritten(token_ids, block_size, cached):
+        raise NotImplementedError
+
+    assert check_prefix_blocks(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("unchained", "hashing a block without its parent"),
+    ("skips a miss", "not stopping at the first miss"),
+    ("past a miss", "not stopping at the first miss"),
+    ("partial", "matching a partial last block"),
+    ("last token", "leave its last token out of the lookup"),
+    ("one short", "stopped after 3 block(s)"),
+    ("keys", "it returned keys"),
+    ("positions", "the blocks' positions in the prompt"),
+    ("set", "expected a list of physical block ids"),
+])
+def test_prefix_blocks_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_prefix_blocks
+
+    verdict = check_prefix_blocks(_prefix_blocks_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+# --- notebook 03: the continuous-batching decision between two steps --------------------------------------------
+
+
+def _schedule_step_with(mistake: str = ""):
+    """notebook 03's solution with one mistake a learner makes, by name ("" for none)."""
+
+    def schedule_step(running, waiting, max_batch_size):
+        done = 1 if mistake == "finishes a token early" else 0
+        finished = [] if mistake == "never finishes" else [rid for rid, left in running if left <= done]
+        busy = len(running) if mistake == "late" else len(running) - len(finished)
+        free = max_batch_size - busy + (1 if mistake == "one too many" else 0)
+        queue = {"sorted": sorted(waiting), "lifo": waiting[::-1]}.get(mistake, waiting)
+        admitted = list(queue[: max(free, 0)])
+        if mistake == "static" and busy:
+            admitted = []
+        if mistake == "no limit":
+            admitted = list(waiting)
+        if mistake == "whole batch":  # the new batch, not the newcomers
+            admitted = [rid for rid, _ in running if rid not in finished] + admitted
+        if mistake == "finished twice":
+            finished = finished * 2
+        if mistake == "admitted only":
+            return admitted
+        return finished, admitted
+
+    return schedule_step
+
+
+def _engine_schedule_decisions(max_batch_size: int) -> list[tuple[list[int], list[int]]]:
+    """The OnlineScheduler, stepped over check_schedule_step's stream with a stand-in model: at every step, the
+    requests that finished in the step before and the ones it admits (first scheduled) in this one."""
+    from roseinfer.bench.exercises import _schedule_stream
+    from roseinfer.config import SchedulerLimits
+    from roseinfer.engine.block_manager import BlockManager
+    from roseinfer.engine.scheduler import OnlineScheduler
+    from roseinfer.engine.sequence import Request
+    from roseinfer.sampling import SamplingParams
+
+    stream = _schedule_stream()
+    limits = SchedulerLimits(max_batch_size=max_batch_size, enable_prefix_cache=False)
+    scheduler = OnlineScheduler(BlockManager(256, 4), limits, frozenset())
+    decisions, started, finished, i, step = [], set(), [], 0, 0
+    while i < len(stream) or scheduler.has_unfinished():
+        while i < len(stream) and stream[i][0] <= step:
+            _, rid, n = stream[i]
+            scheduler.add_request(Request([1, 2, 3], SamplingParams(max_new_tokens=n, stop_on_eos=False)), rid)
+            i += 1
+        batch = scheduler.schedule()
+        admitted = [seq.request_id for seq, _ in batch.scheduled if seq.request_id not in started]
+        started.update(admitted)
+        decisions.append((sorted(finished), admitted))
+        finished = scheduler.update(batch, [0 if e.sample else None for e in batch.entries]) if batch else []
+        step += 1
+    decisions.append((sorted(finished), []))
+    return decisions
+
+
+def test_schedule_step_solution_passes_and_its_reference_is_the_engines():
+    from roseinfer.bench.exercises import SCHEDULE_MAX_BATCH_SIZES, _schedule_states, check_schedule_step
+    from roseinfer.bench.solutions import schedule_step
+
+    assert check_schedule_step(schedule_step).startswith("PASS")
+    assert check_schedule_step(_schedule_step_with()).startswith("PASS")  # the test's own variant, mistake-free
+    for max_batch_size in SCHEDULE_MAX_BATCH_SIZES:  # the check's reference decides as the OnlineScheduler does
+        reference = [(sorted(fin), adm) for _, _, _, fin, adm in _schedule_states(max_batch_size)]
+        assert reference == _engine_schedule_decisions(max_batch_size)
+
+
+def test_schedule_step_unwritten_says_so():
+    from roseinfer.bench.exercises import check_schedule_step
+
+    def unwritten(running, waiting, max_batch_size):
+        raise NotImplementedError
+
+    assert check_schedule_step(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("static", "static batching"),
+    ("late", "refilling a step late"),
+    ("no limit", "exceeding max_batch_size"),
+    ("one too many", "exceeding max_batch_size"),
+    ("sorted", "breaking FIFO"),
+    ("lifo", "breaking FIFO"),
+    ("finishes a token early", "losing a request"),
+    ("never finishes", "hold its slot"),
+    ("whole batch", "duplicating a request: request"),
+    ("finished twice", "is finished twice"),
+    ("admitted only", "return a pair of lists"),
+])
+def test_schedule_step_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_schedule_step
+
+    verdict = check_schedule_step(_schedule_step_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+def test_schedule_step_an_error_is_reported_with_its_state():
+    from roseinfer.bench.exercises import check_schedule_step
+    from roseinfer.bench.solutions import schedule_step
+
+    def peeks(running, waiting, max_batch_size):
+        waiting[0]  # an empty queue has no head: IndexError
+        return schedule_step(running, waiting, max_batch_size)
+
+    verdict = check_schedule_step(peeks)
+    assert verdict.startswith("FAIL") and "raised IndexError" in verdict, verdict

@@ -607,3 +607,371 @@ def check_frame_stream(frame: Callable) -> str:
         return "FAIL: a single completion's choices all have index 0"
     return ("PASS: one `data:` event a piece (a newline in a piece JSON-escaped), a chunk with the finish reason, "
             "the envelope on every chunk, then `data: [DONE]`; a blank line after each event")
+
+
+PACK_CASES = (  # (new token ids, start_pos) per sequence; a sequence's ids name it: 11, 12 ... are sequence 1's
+    ("prefills of 5, 2 and 3 tokens", [([11, 12, 13, 14, 15], 0), ([21, 22], 0), ([31, 32, 33], 0)]),
+    ("decodes at 7, 3 and 12 cached tokens", [([17], 7), ([23], 3), ([34], 12)]),
+    ("a prefill of 4, a decode at 9, a prefill of 3, a decode at 5",
+     [([11, 12, 13, 14], 0), ([29], 9), ([31, 32, 33], 0), ([45], 5)]),
+)
+PACK_FIELDS = ("input_ids", "positions", "query_start_loc", "context_lens", "last_rows")
+
+
+def _pack_engine(seqs) -> dict[str, list[int]]:
+    """What the engine's ModelRunner.prepare builds for these sequences. prepare reads only the runner's block size
+    and device, so a stand-in runner serves (no model, no KV cache)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from roseinfer.engine.batch import BatchEntry
+    from roseinfer.engine.runner import ModelRunner
+
+    runner = SimpleNamespace(block_size=4, device=torch.device("cpu"))
+    entries = [BatchEntry(list(ids), start, list(range(8)), True, None, None) for ids, start in seqs]
+    input_ids, positions, meta, sample_rows = ModelRunner.prepare(runner, entries)
+    return {"input_ids": input_ids.tolist(), "positions": positions.tolist(),
+            "query_start_loc": meta.query_start_loc.tolist(), "context_lens": meta.context_lens.tolist(),
+            "last_rows": sample_rows.tolist()}
+
+
+def _pack_mistake(name: str, got: list[int], seqs, want: dict[str, list[int]]) -> str:
+    """Names the mistake behind a wrong `name` field, given the right ones."""
+    import itertools
+
+    lens = [len(ids) for ids, _ in seqs]
+    starts = [start for _, start in seqs]
+    offsets = want["query_start_loc"]
+    if name == "input_ids":
+        if len(got) == len(seqs) * max(lens):
+            return (f"padded: {len(got)} ids for {sum(lens)} new tokens, every sequence filled up to the longest; a "
+                    "packed batch has no padding: the sequences' tokens one after another")
+        if sorted(got) == sorted(want["input_ids"]) and any(
+                got == [t for j in order for t in seqs[j][0]] for order in itertools.permutations(range(len(seqs)))):
+            return ("sequences reordered: keep the batch's order (the runner hands the i-th sampled token back to the "
+                    "i-th entry)")
+        return "expected every sequence's new tokens, one sequence after another, in the batch's order"
+    if name == "positions":
+        if got == [p for n in lens for p in range(n)]:
+            return ("positions restart at 0 in every sequence: a token's position counts the tokens already cached, "
+                    "start_pos, start_pos + 1, ...; a decode token at 0 is read as its sequence's first token")
+        if got == list(range(sum(lens))):
+            return "positions run on across sequences: each sequence counts from its own start_pos"
+        if got == [s + 1 + p for s, n in zip(starts, lens) for p in range(n)]:
+            return ("off by one: the first new token's position is start_pos (the number of tokens before it), not "
+                    "start_pos + 1")
+        return "expected start_pos, start_pos + 1, ... for each sequence's new tokens"
+    if name == "query_start_loc":
+        if got in (offsets[1:], offsets[:-1]):
+            return (f"{len(got)} offsets for {len(seqs)} sequences: there are B + 1, from 0 to the number of tokens, "
+                    "so that sequence i's tokens are input_ids[query_start_loc[i]:query_start_loc[i + 1]]")
+        if got == lens:
+            return "these are the sequences' lengths: the offsets are their running sum, starting at 0"
+        if got in ([o - 1 for o in offsets], [o + 1 for o in offsets], [0] + [o - 1 for o in offsets[1:]]):
+            return "offsets off by one: query_start_loc[i + 1] - query_start_loc[i] must be sequence i's new tokens"
+        return "expected 0, then the running sum of the sequences' new-token counts"
+    if name == "context_lens":
+        if got == lens:
+            return ("the new tokens only: a sequence also attends to the tokens already in its cache, start_pos + its "
+                    "new tokens")
+        if got == starts:
+            return ("the cache before this step: each new token's key joins the cache and is attended to too, "
+                    "start_pos + its new tokens")
+        if got in ([s + n - 1 for s, n in zip(starts, lens)], [s + n + 1 for s, n in zip(starts, lens)]):
+            return "off by one: a sequence attends to start_pos + its new tokens, itself included"
+        return "expected start_pos + the new tokens, per sequence"
+    if got == offsets[:-1]:
+        return ("sampled the first token of each sequence: a prompt's next token comes from the logits of its last "
+                "token, query_start_loc[i + 1] - 1")
+    if got == [n - 1 for n in lens]:
+        return ("indices within each sequence: the logits are computed for the packed rows, so the last token of "
+                "sequence i is row query_start_loc[i + 1] - 1")
+    if got == offsets[1:]:
+        return ("off by one: query_start_loc[i + 1] is the next sequence's first token; sequence i's last is "
+                "query_start_loc[i + 1] - 1")
+    return "expected the packed row of each sequence's last new token"
+
+
+def _pack_ints(value) -> list[int] | None:
+    """A flat sequence of ints (a list, a tensor, an array) as a list; None if it is not one."""
+    value = value.tolist() if hasattr(value, "tolist") else value
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):  # not iterable, or nested (one row per sequence)
+        return None
+
+
+def check_pack_batch(pack: Callable) -> str:
+    """Notebook 02: `pack(seqs)` is the heart of ModelRunner.prepare. `seqs` lists each sequence of a step as
+    (token_ids, start_pos): the new tokens it computes now and how many of its tokens the KV cache holds already (0
+    for a prompt; for a decode, the tokens so far). It must return five flat sequences of ints,
+    (input_ids, positions, query_start_loc, context_lens, last_rows):
+
+    - input_ids: every sequence's new tokens, one sequence after another, in the given order (packed, not padded);
+    - positions: each token's position in its own sequence: start_pos, start_pos + 1, ...;
+    - query_start_loc: B + 1 offsets: sequence i's tokens are input_ids[query_start_loc[i]:query_start_loc[i + 1]];
+    - context_lens: how many tokens each sequence attends to after this step (cached + new);
+    - last_rows: the row in input_ids of each sequence's last new token, whose logits are sampled.
+
+    Compared with what ModelRunner.prepare builds for prefills of different lengths, decodes, and a mix of both."""
+    for what, seqs in PACK_CASES:
+        try:
+            out = pack([(list(ids), start) for ids, start in seqs])
+        except NotImplementedError:
+            return "not written yet: replace the `raise NotImplementedError` with your packing"
+        except Exception as exc:
+            return f"FAIL: on {what} it raised {type(exc).__name__}: {exc}"
+        if not isinstance(out, (tuple, list)) or len(out) != len(PACK_FIELDS):
+            got = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
+            return f"FAIL: expected a tuple of five, ({', '.join(PACK_FIELDS)}), got {got}"
+        want = _pack_engine(seqs)
+        for name, value in zip(PACK_FIELDS, out):
+            got = _pack_ints(value)
+            if got is None:
+                nested = " (one row per sequence is padding: the batch is packed)" if name == "input_ids" else ""
+                return f"FAIL: {name} must be one flat sequence of ints{nested}"
+            if got != want[name]:
+                return (f"FAIL: {what}: {name} {got}, the engine's {want[name]}: "
+                        f"{_pack_mistake(name, got, seqs, want)}")
+    return ("PASS: prefills of different lengths, decodes and a mix packed as ModelRunner.prepare packs them: the "
+            "tokens one sequence after another, each at its own position, B + 1 offsets, each context cached + new, "
+            "the last token of each sequence sampled")
+
+
+# --- notebook 03: the continuous-batching decision between two steps --------------------------------------------
+
+SCHEDULE_MAX_BATCH_SIZES = (4, 2)
+
+
+def _schedule_stream() -> list[tuple[int, int, int]]:
+    """check_schedule_step's requests: (arrival step, request id, tokens to generate), in arrival order. Bursts
+    overfill the batch, a lull lets it drain; the ids are not in arrival order, so a sorted queue (or a set) shows."""
+    import random
+
+    rng = random.Random(3)
+    arrivals = [0] * 6 + [2, 3, 5, 5, 9, 12] + [30] * 5 + [31, 33, 34, 34, 34, 40, 41, 55, 56, 56, 57, 60, 60]
+    ids = rng.sample(range(10, 100), len(arrivals))
+    return [(step, rid, rng.randint(1, 8)) for step, rid in zip(arrivals, ids)]
+
+
+def _schedule_reference(running: list[tuple[int, int]], waiting: list[int], max_batch_size: int):
+    finished = [rid for rid, left in running if left == 0]
+    free = max_batch_size - (len(running) - len(finished))
+    return finished, waiting[: max(free, 0)]
+
+
+def _schedule_states(max_batch_size: int) -> list[tuple[int, list, list, list, list]]:
+    """The reference run, step by step: (step, running, waiting, finished, admitted), the state being what
+    schedule_step is called with before that step, and finished, admitted the reference's decision."""
+    stream = _schedule_stream()
+    lengths = {rid: n for _, rid, n in stream}
+    running: list[tuple[int, int]] = []
+    waiting: list[int] = []
+    states, i, step = [], 0, 0
+    while i < len(stream) or running or waiting:
+        while i < len(stream) and stream[i][0] <= step:  # arrivals join the queue before the step is decided
+            waiting.append(stream[i][1])
+            i += 1
+        finished, admitted = _schedule_reference(running, waiting, max_batch_size)
+        states.append((step, list(running), list(waiting), finished, admitted))
+        running = [(r, n) for r, n in running if r not in finished] + [(r, lengths[r]) for r in admitted]
+        waiting = waiting[len(admitted):]
+        running = [(r, n - 1) for r, n in running]  # the step: one token each (a newcomer's from its prefill)
+        step += 1
+    return states
+
+
+def _judge_schedule_step(out, step: int, running: list, waiting: list, max_batch_size: int):
+    """The answer at one state: (finished, admitted) as lists of ints, or the FAIL line for what is wrong with it."""
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        return f"FAIL: return a pair of lists, (finished, admitted); at step {step} it returned {out!r}"
+    try:
+        finished, admitted = [int(r) for r in out[0]], [int(r) for r in out[1]]
+    except (TypeError, ValueError):
+        return f"FAIL: finished and admitted are lists of request ids (ints); at step {step} it returned {out!r}"
+    left = dict(running)
+    for name, ids in (("finished", finished), ("admitted", admitted)):
+        twice = [r for r, c in Counter(ids).items() if c > 1]
+        if twice:
+            return f"FAIL: step {step}: duplicating a request: request {twice[0]} is {name} twice"
+    stray = [r for r in finished if r not in left]
+    if stray:
+        return f"FAIL: step {step}: it finished request {stray[0]}, which is not running (running: {running})"
+    early = [r for r in finished if left[r] > 0]
+    if early:
+        return (f"FAIL: step {step}: losing a request: request {early[0]} was finished with {left[early[0]]} token(s) "
+                "still to generate; only a request with 0 tokens left is done")
+    kept = [r for r, n in running if n == 0 and r not in finished]
+    if kept:
+        return (f"FAIL: step {step}: request {kept[0]} has generated its last token but was not finished: it would "
+                "hold its slot (and its KV blocks) forever; a finished request leaves at once")
+    again = [r for r in admitted if r in left]
+    if again:
+        return (f"FAIL: step {step}: duplicating a request: request {again[0]} is already running, yet it was "
+                "admitted again (return only the newcomers)")
+    unknown = [r for r in admitted if r not in waiting]
+    if unknown:
+        return f"FAIL: step {step}: request {unknown[0]} was admitted but is not in the waiting queue {waiting}"
+    size = len(running) - len(finished) + len(admitted)
+    if size > max_batch_size:
+        return (f"FAIL: step {step}: exceeding max_batch_size: {size} requests would run with max_batch_size "
+                f"{max_batch_size}; admit only while a slot is free")
+    if admitted != waiting[: len(admitted)]:
+        return (f"FAIL: step {step}: breaking FIFO: from the queue {waiting} (oldest first) it admitted {admitted}, "
+                f"not the first {len(admitted)}; admit from the front, in arrival order (a set or a sort loses it)")
+    return finished, admitted
+
+
+def _name_short_admission(states: list, answers: list, short: list[int], max_batch_size: int) -> str:
+    """Every answer was consistent, but some admitted fewer than the free slots allow: name the pattern if one
+    explains every step (static batching, a refill a step late), else the first step that fell short."""
+    static = all(adm == (waiting[:max_batch_size] if len(running) == len(fin) else [])
+                 for (_, running, waiting, fin, _), (_, adm) in zip(states, answers))
+    late = all(adm == waiting[: max(0, max_batch_size - len(running))]
+               for (_, running, waiting, _, _), (_, adm) in zip(states, answers))
+    step, running, waiting, fin, want = states[short[0]]
+    adm = answers[short[0]][1]
+    free = max_batch_size - (len(running) - len(fin))
+    if static:
+        return (f"FAIL: static batching: at step {step}, {free} slot(s) were free and {len(waiting)} request(s) "
+                f"waiting, yet nothing was admitted because {len(running) - len(fin)} request(s) still ran; admit "
+                "into every free slot, not only into an empty batch")
+    if late:
+        return (f"FAIL: refilling a step late: at step {step}, request(s) {fin} finished, leaving {free} slot(s) free, "
+                f"but only {len(adm)} request(s) were admitted; count the free slots after the finished requests "
+                "leave, so a freed slot is refilled in the same step")
+    return (f"FAIL: step {step}: {free} slot(s) free and the queue {waiting}: it admitted {adm}, expected {want}; "
+            "fill every free slot from the front of the queue")
+
+
+def check_schedule_step(schedule_step: Callable) -> str:
+    """Notebook 03: `schedule_step(running, waiting, max_batch_size)` is what the OnlineScheduler decides between two
+    steps. `running` lists (request_id, tokens_left) in admission order, tokens_left being what the request has still
+    to generate (0: the step just run produced its last token); `waiting` lists the ids of the requests that have
+    arrived and not started, oldest first. It returns (finished, admitted): the running requests that leave now (no
+    token left) and the waiting ones that join for the next step, from the front of the queue, while the batch has a
+    free slot, a slot just freed by a finished request included. (The engine also stops at its token budget and when
+    the KV pool is short: left out here.)
+
+    The check replays a stream of requests (bursts that overfill the batch, a lull that lets it drain) at
+    max_batch_size 4 and 2, calling the function at every step of a reference run, and names the mistake: static
+    batching, a freed slot refilled a step late, a batch over max_batch_size, the queue out of order, a request
+    lost or duplicated."""
+    steps = 0
+    try:
+        for max_batch_size in SCHEDULE_MAX_BATCH_SIZES:
+            states, answers = _schedule_states(max_batch_size), []
+            for step, running, waiting, _, _ in states:
+                try:
+                    out = schedule_step(list(running), list(waiting), max_batch_size)
+                except NotImplementedError:
+                    raise
+                except Exception as exc:
+                    return (f"FAIL: at step {step} (running {running}, waiting {waiting}, max_batch_size "
+                            f"{max_batch_size}) it raised {type(exc).__name__}: {exc}")
+                answer = _judge_schedule_step(out, step, running, waiting, max_batch_size)
+                if isinstance(answer, str):
+                    return answer if "max_batch_size" in answer else answer + f" (max_batch_size {max_batch_size})"
+                answers.append(answer)
+            short = [i for i, (state, answer) in enumerate(zip(states, answers)) if answer[1] != state[4]]
+            if short:
+                return _name_short_admission(states, answers, short, max_batch_size) + (
+                    f" (max_batch_size {max_batch_size})")
+            steps += len(states)
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your scheduling step"
+    sizes = " and ".join(map(str, SCHEDULE_MAX_BATCH_SIZES))
+    return (f"PASS: {len(_schedule_stream())} requests at max_batch_size {sizes} ({steps} steps): "
+            "each finished request left at once, its slot refilled in the same step from the front of the queue, the "
+            "batch never over its limit")
+
+
+def _prefix_cache_case():
+    """check_prefix_blocks's cache, made the engine's way (BlockManager.register under chain_hash), blocks of 4.
+
+    Traps, each a physical block the answer must not contain: 9 holds tokens 9..12 cached as a prompt's FIRST block
+    (found by a key without its parent, or past a miss); 4 and 11 follow 1..4 | 5..8 | 17..20, whose third block was
+    evicted (found only past a miss); 6 and 8 hold partial blocks (found only by looking one up)."""
+    from roseinfer.engine.block_manager import BlockManager, chain_hash
+
+    a, b, c, d, e, f, g = (tuple(range(4 * i + 1, 4 * i + 5)) for i in range(7))  # 1..4, 5..8, ..., 25..28
+    manager = BlockManager(16, 4)
+
+    def register(blocks, ids, skip=()):  # chained as OnlineScheduler._register_full_blocks does
+        parent = None
+        for tokens, block in zip(blocks, ids):
+            parent = chain_hash(parent, tokens)
+            if block not in skip:
+                manager.register(block, parent, tokens)
+
+    register([a, b, c, d], [7, 3, 12, 5])
+    register([c], [9])
+    register([a, b, e, f, g], [7, 3, 13, 4, 11], skip={13})  # block 13 (tokens 17..20) evicted since
+    register([a, b, (40, 41)], [7, 3, 6])
+    register([a, b, (40, 41, 42)], [7, 3, 8])
+    prompts = {  # name: (prompt, trap blocks: the mistake that takes them)
+        "tokens 1..4, 9..12, 60": ([*a, *c, 60], {9: "unchained"}),
+        "4 cached blocks + 2 own tokens": ([*a, *b, *c, *d, 50, 51], {}),
+        "exactly 4 cached blocks": ([*a, *b, *c, *d], {5: "last token"}),
+        "2 cached blocks, an evicted one, 2 more": ([*a, *b, *e, *f, *g, 61], {4: "past a miss", 11: "past a miss"}),
+        "2 cached blocks + 3 own tokens": ([*a, *b, 40, 41, 42], {6: "partial", 8: "partial"}),
+        "an uncached first block": ([70, 71, 72, 73, *c, *d, 62], {9: "past a miss"}),
+        "tokens 9..12 first, as cached": ([*c, *d, 63], {}),
+        "3 tokens": ([*a[:3]], {}),
+    }
+    cases = [(name, prompt, manager.match_prefix(prompt, len(prompt) - 1)[0], traps)
+             for name, (prompt, traps) in prompts.items()]
+    return cases, dict(manager._block_of_hash)
+
+
+_PREFIX_MISTAKES = {
+    "unchained": ("FAIL: hashing a block without its parent: in '{name}' block {block} was taken, cached as some "
+                  "prompt's first block; equal tokens after a different prefix have other keys and values. A block's "
+                  "key is chain_hash(key of the block before it, or None for the first, its tokens)"),
+    "past a miss": ("FAIL: not stopping at the first miss: in '{name}' block {block} comes after a block that is not "
+                    "cached; the cached prefix ends at the first block not found (the rest, from there, is computed)"),
+    "partial": ("FAIL: matching a partial last block: in '{name}' block {block} holds fewer than block_size tokens; "
+                "only full blocks are cached, so look up full blocks only"),
+    "last token": ("FAIL: the whole prompt came from the cache in '{name}': leave its last token out of the lookup "
+                   "(its logits give the first new token), so a prompt of whole blocks reuses all but the last"),
+}
+
+
+def check_prefix_blocks(match: Callable) -> str:
+    """Notebook 10: `match(token_ids, block_size, cached)` is admission's prefix-cache lookup, the engine's
+    BlockManager.match_prefix as OnlineScheduler._admit calls it. `cached` maps a full block's key,
+    chain_hash(the key of the block before it, or None for the first, its tokens), to its physical block. It must
+    return the physical blocks of the longest run of full blocks, from the prompt's start, found in `cached`,
+    looking up every token but the last (its logits give the first new token). Checked against match_prefix on a
+    cache with traps: a block cached after another prefix, blocks after an evicted one, partial blocks."""
+    cases, cached = _prefix_cache_case()
+    for name, prompt, expected, traps in cases:
+        try:
+            got = match(list(prompt), 4, dict(cached))
+        except NotImplementedError:
+            return "not written yet: replace the `raise NotImplementedError` with your lookup"
+        except Exception as exc:
+            return f"FAIL: '{name}': it raised {type(exc).__name__}: {exc}"
+        if not isinstance(got, (list, tuple)) or not all(isinstance(x, int) for x in got):
+            return f"FAIL: '{name}': expected a list of physical block ids (ints), got {got!r}"
+        got = list(got)
+        if got == expected:
+            continue
+        if any(x in cached for x in got):
+            return f"FAIL: '{name}': it returned keys; return the physical blocks they map to (cached[key])"
+        if got == list(range(len(got))) and got != expected[: len(got)]:
+            return (f"FAIL: '{name}': got {got}, the blocks' positions in the prompt; return the physical blocks "
+                    "(cached[key])")
+        for block in got:
+            if block in traps and block not in expected:
+                return _PREFIX_MISTAKES[traps[block]].format(name=name, block=block)
+        if got == expected[: len(got)]:
+            k = len(got)
+            return (f"FAIL: '{name}': stopped after {k} block(s), expected {expected}: block {k} (tokens "
+                    f"{prompt[4 * k:4 * k + 4]}) is cached under chain_hash(key of block {k - 1}, its tokens)"
+                    if k else f"FAIL: '{name}': found nothing, expected {expected}: block 0 (tokens {prompt[:4]}) is "
+                    "cached under chain_hash(None, its tokens)")
+        return f"FAIL: '{name}': got {got}, expected {expected}"
+    return (f"PASS: {len(cases)} prompts, each matched to the engine's match_prefix: chained keys, full blocks only, "
+            "stopping at the first miss, the last token left to compute")

@@ -94,3 +94,39 @@ def frame_stream(base, pieces, finish_reason):
         return {**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
 
     return "".join(event(chunk(p, None)) for p in pieces) + event(chunk("", finish_reason)) + event("[DONE]")
+
+
+def pack_batch(seqs):
+    """Notebook 02: what ModelRunner.prepare builds. The sequences' new tokens go one after another, no padding, so
+    one forward pass computes exactly the tokens there are; the offsets and lengths tell attention whose is which."""
+    input_ids, positions, query_start_loc, context_lens, last_rows = [], [], [0], [], []
+    for ids, start in seqs:
+        input_ids += ids  # in the batch's order: the i-th sampled token goes back to the i-th sequence
+        positions += range(start, start + len(ids))  # after the tokens already cached, not from 0
+        query_start_loc.append(query_start_loc[-1] + len(ids))  # B + 1 offsets in all: where each sequence ends
+        context_lens.append(start + len(ids))  # attends to its cache and its new tokens, itself included
+        last_rows.append(query_start_loc[-1] - 1)  # its last token's logits predict the next token
+    return input_ids, positions, query_start_loc, context_lens, last_rows
+
+
+def schedule_step(running, waiting, max_batch_size):
+    """Notebook 03: the finished leave first, then the free slots are counted, so a slot freed in the step just run
+    is refilled now and not a step later; newcomers come from the front of the queue (first come, first served)."""
+    finished = [rid for rid, tokens_left in running if tokens_left == 0]  # its last token is out: it leaves now
+    free = max_batch_size - (len(running) - len(finished))  # any free slot, not only an empty batch
+    return finished, list(waiting[:free])  # never more than the free slots: the batch stays within its limit
+
+
+def prefix_blocks(token_ids, block_size, cached):
+    """Notebook 10: admission's prefix-cache lookup, as BlockManager.match_prefix does it for OnlineScheduler._admit."""
+    from roseinfer.engine.block_manager import chain_hash
+
+    blocks, parent = [], None
+    usable = len(token_ids) - 1  # the last prompt token is always computed: its logits give the first new token
+    for start in range(0, usable - block_size + 1, block_size):  # full blocks only: a partial one is never cached
+        key = chain_hash(parent, token_ids[start : start + block_size])  # covers every token before it, via parent
+        if key not in cached:
+            break  # the cached prefix ends here: this block and everything after it must be computed
+        blocks.append(cached[key])
+        parent = key
+    return blocks
