@@ -929,3 +929,374 @@ def test_schedule_step_an_error_is_reported_with_its_state():
 
     verdict = check_schedule_step(peeks)
     assert verdict.startswith("FAIL") and "raised IndexError" in verdict, verdict
+
+
+# --- notebook 11: a weight packed into the panels roseinfer's bf16 kernel reads ----------------------------------
+
+
+def _pack_panels_with(mistake: str = ""):
+    """notebook 11's solution with one mistake a learner makes, by name ("" for none)."""
+
+    def pack(weight):
+        if mistake == "transposed":
+            weight = weight.T
+        n, k = weight.shape
+        columns = 16 if mistake == "width 16" else 32
+        panels = {"extra panel": n // columns + 1, "no padding": n // columns}.get(mistake, -(-n // columns))
+        if mistake == "view without padding":
+            return weight.view(-1, columns, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        padded = (torch.full((panels * columns, k), 7.0, dtype=weight.dtype) if mistake == "padding not zero"
+                  else weight.new_zeros(panels * columns, k))
+        rows = min(n, panels * columns)
+        padded[:rows] = weight[:rows]
+        if mistake == "reshape":
+            return padded.reshape(panels, k // 2, columns, 2)
+        if mistake == "no permute":
+            return padded.view(panels, columns, k // 2, 2).contiguous()
+        if mistake == "pair last":
+            return padded.view(panels, columns, k // 2, 2).permute(0, 2, 3, 1).contiguous()
+        if mistake == "halves":
+            return padded.view(panels, columns, 2, k // 2).permute(0, 3, 1, 2).contiguous()
+        out = padded.view(panels, columns, k // 2, 2).permute(0, 2, 1, 3)
+        if mistake == "not contiguous":
+            return out
+        if mistake == "columns reversed":
+            out = out.flip(2)
+        if mistake == "fp32":
+            out = out.float()
+        return out.tolist() if mistake == "list" else out.contiguous()
+
+    return pack
+
+
+def test_pack_panels_solution_passes_with_and_without_the_kernel(monkeypatch):
+    from roseinfer.bench.exercises import check_pack_panels
+    from roseinfer.bench.solutions import pack_panels
+    from roseinfer.kernels.cpu import bindings
+
+    verdict = check_pack_panels(pack_panels)
+    assert verdict.startswith("PASS"), verdict
+    assert ("roseinfer's kernel, given them" in verdict) == (bindings.load_bf16_linear_kernel() is not None)
+    assert check_pack_panels(_pack_panels_with()).startswith("PASS")  # the test's own variant, mistake-free
+    monkeypatch.setattr(bindings, "load_bf16_linear_kernel", lambda: None)  # a CPU without AVX512-BF16
+    verdict = check_pack_panels(pack_panels)
+    assert verdict.startswith("PASS") and "cannot run roseinfer's bf16 kernel" in verdict, verdict
+
+
+def test_pack_panels_solution_is_the_engines_packing():
+    from roseinfer.bench.solutions import pack_panels
+    from roseinfer.kernels.cpu.bindings import PANEL_COLUMNS, unpack_panels
+    from roseinfer.kernels.cpu.bindings import pack_panels as engine_pack_panels
+
+    gen = torch.Generator().manual_seed(1)
+    for n, k in ((1, 2), (31, 6), (32, 8), (33, 768), (2304, 768)):
+        weight = torch.randn(n, k, generator=gen).bfloat16()
+        assert torch.equal(pack_panels(weight), engine_pack_panels(weight, PANEL_COLUMNS))
+        assert torch.equal(unpack_panels(pack_panels(weight), n), weight)
+
+
+def test_pack_panels_unwritten_says_so():
+    from roseinfer.bench.exercises import check_pack_panels
+
+    def unwritten(weight):
+        raise NotImplementedError
+
+    assert check_pack_panels(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("width 16", "panels of 16 columns"),
+    ("no padding", "no padding: N = 70"),
+    ("view without padding", "pad the weight with zero rows"),
+    ("extra panel", "an extra panel"),
+    ("transposed", "transposed: it packed a [K, N] matrix"),
+    ("no permute", "the permute is missing"),
+    ("pair last", "puts a pair's two k values 32 apart"),
+    ("reshape", "a reshape (or view) to [N/32, K/2, 32, 2] moves nothing"),
+    ("halves", "pairs not interleaved"),
+    ("padding not zero", "the padding is not zero"),
+    ("not contiguous", "not contiguous"),
+    ("fp32", "dtype torch.float32, the weight's is torch.bfloat16"),
+    ("columns reversed", "packed[0, 0, 0, 0] should hold W[32p + c, 2j + t] = W[0, 0]; it holds W[31, 0]"),
+    ("list", "expected a tensor"),
+])
+def test_pack_panels_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_pack_panels
+
+    verdict = check_pack_panels(_pack_panels_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+# --- notebook 04: one pass of the scheduler manager's worker ------------------------------------------------------
+
+
+def _worker_pass_with(mistake: str = ""):
+    """notebook 04's solution with one mistake a learner makes, by name ("" for none)."""
+    import queue
+
+    def worker_pass(inbox, scheduler, outputs):
+        stale = scheduler.pop_finished_ids() if mistake == "ends a pass late" else []  # before the step
+        if mistake == "steps before taking" and scheduler.has_unfinished():
+            route(scheduler, outputs, None, stale)
+        last = None
+        while True:
+            try:
+                request_id, request, last = inbox.get() if mistake == "waits" else inbox.get_nowait()
+            except queue.Empty:
+                if mistake == "empty escapes":
+                    raise
+                break
+            if mistake == "scheduler ids":
+                scheduler.add_request(request)  # the id it returns is dropped
+            elif mistake != "not added":
+                scheduler.add_request(request, request_id=request_id)
+            outputs[request_id] = last
+            if mistake == "one a pass":
+                break
+        if mistake != "steps before taking" and (mistake == "steps idle" or scheduler.has_unfinished()):
+            route(scheduler, outputs, last, stale)
+
+    def route(scheduler, outputs, last, stale):
+        tokens = scheduler.step()
+        if mistake == "steps twice":
+            tokens.update(scheduler.step())
+        finished = stale if mistake == "ends a pass late" else scheduler.pop_finished_ids()
+        if mistake == "end before the last token":
+            for request_id in finished:
+                outputs[request_id].put(None)
+        if mistake == "positional":
+            for out, token in zip(outputs.values(), tokens.values()):
+                out.put(token)
+        for request_id, token in tokens.items() if mistake != "positional" else ():
+            if mistake == "drops the last token" and request_id in finished:
+                continue
+            (last if mistake == "last queue" else outputs[request_id]).put(token)
+            if mistake == "ends twice" and request_id in finished:
+                outputs[request_id].put(None)
+        if mistake == "ends on no token":
+            for request_id, out in outputs.items():
+                if request_id not in tokens:
+                    out.put(None)
+        for request_id in finished if mistake != "never ends" else ():
+            out = outputs[request_id] if mistake == "keeps finished" else outputs.pop(request_id)
+            if mistake != "end before the last token":
+                out.put(None)
+
+    return worker_pass
+
+
+def test_worker_pass_solution_passes():
+    from roseinfer.bench.exercises import check_worker_pass
+    from roseinfer.bench.solutions import worker_pass
+
+    assert check_worker_pass(worker_pass).startswith("PASS")
+    assert check_worker_pass(_worker_pass_with()).startswith("PASS")  # the test's own variant, mistake-free
+
+
+def test_worker_pass_unwritten_says_so():
+    from roseinfer.bench.exercises import check_worker_pass
+
+    def unwritten(inbox, scheduler, outputs):
+        raise NotImplementedError
+
+    assert check_worker_pass(unwritten).startswith("not written yet")
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("positional", "tokens routed to the wrong request"),
+    ("last queue", "tokens routed to the wrong request"),
+    ("scheduler ids", "the scheduler numbered the request itself"),
+    ("never ends", "a finished request never signalled"),
+    ("ends twice", "an end signalled 2 times"),
+    ("one a pass", "submissions pile up"),
+    ("steps idle", "stepping with nothing to do"),
+    ("drops the last token", "came in the step that finished the request: put the token, then the end"),
+    ("end before the last token", "after its end"),
+    ("ends a pass late", "its end came at pass"),
+    ("ends on no token", "request 12 was ended at pass 1 but had not finished"),
+    ("waits", "waited on an empty inbox"),
+    ("empty escapes", "queue.Empty escaped"),
+    ("not added", "added to the scheduler"),
+    ("steps before taking", "did not step"),
+    ("steps twice", "stepped 2 times"),
+    ("keeps finished", "still in outputs"),
+])
+def test_worker_pass_mistakes_are_named(mistake, said):
+    from roseinfer.bench.exercises import check_worker_pass
+
+    verdict = check_worker_pass(_worker_pass_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+
+
+def test_worker_pass_solution_routes_as_the_engines_manager():
+    """SchedulerManager's own worker loop, run in this thread over the check's script and stand-in scheduler (one
+    loop iteration a pass), gives every request the same tokens and end, at the same passes, as the solution."""
+    import threading
+    from types import SimpleNamespace
+
+    from roseinfer.bench.exercises import (
+        WORKER_SCRIPT,
+        _run_worker_script,
+        _ScriptedRequest,
+        _ScriptedScheduler,
+    )
+    from roseinfer.bench.solutions import worker_pass
+    from roseinfer.server.manager import SchedulerManager
+
+    class Scheduler(_ScriptedScheduler):
+        def pop_response(self, request_id):  # what the manager reads of a finished request
+            return SimpleNamespace(finish_reason="length", metrics=SimpleNamespace(first_scheduled_time=0.0))
+
+    got: dict[int, list] = {}
+    scheduler = Scheduler()
+
+    class Stream:  # a RequestStream stand-in: notes what the worker delivers, and at which pass
+        stopped = False
+
+        def __init__(self, request_id, tokens, prefill_steps):
+            self.request_id, self.request = request_id, _ScriptedRequest(request_id, tokens, prefill_steps)
+            self.timings = SimpleNamespace(scheduled=None, queued=None)
+            got[request_id] = []
+
+        def on_token(self, token, now):
+            got[self.request_id].append((scheduler.pass_index, token))
+
+        def on_finish(self, finish_reason, now):
+            got[self.request_id].append((scheduler.pass_index, None))
+
+    class ScriptedManager(SchedulerManager):
+        def _start_worker(self):  # no thread: the test runs the loop
+            self._worker = threading.current_thread()
+
+        def _scheduler_stats(self):
+            return {}
+
+        def _publish_stats(self):
+            pass
+
+        def _take_new_work(self):  # an iteration of the loop is a pass: submit its requests, as handlers do
+            index = scheduler.pass_index = self.num_passes
+            self.num_passes += 1
+            if index == len(WORKER_SCRIPT):
+                self._stopping = True
+            for rid, tokens, prefill_steps in WORKER_SCRIPT[index] if index < len(WORKER_SCRIPT) else ():
+                stream = self._streams[rid] = Stream(rid, tokens, prefill_steps)  # as _register does
+                self._queue(stream)
+            return super()._take_new_work()
+
+        def _wait_for_work(self):  # idle: the next iteration is the next pass
+            pass
+
+    engine = SimpleNamespace(new_scheduler=lambda **limits: scheduler, step=lambda s: s.step(),
+                             tokenizer=SimpleNamespace(token_bytes=lambda token: b""))
+    ScriptedManager.num_passes = 0
+    manager = ScriptedManager(engine)
+    manager._worker_loop()
+    assert manager.error is None and manager.num_passes == len(WORKER_SCRIPT) + 1
+    solution_got, solution_scheduler, _ = _run_worker_script(worker_pass)
+    assert got == solution_got
+    assert manager.num_idle_wakeups == len(WORKER_SCRIPT) - solution_scheduler.passes_stepped == 3
+
+
+# --- notebook 05: the idle worker sleeps on the wake-up event -----------------------------------------------------
+
+
+def _worker_idle_with(mistake: str = ""):
+    """notebook 05's solution with one mistake a learner makes, by name ("" for none)."""
+    import time
+
+    def idle(self):
+        work = (lambda: self._pending) if mistake == "pending only" else (
+            lambda: self._pending or self._aborts or self._stopping)
+        if mistake == "clear first":  # right too: any set() after this clear survives, and the check sees the rest
+            self._wakeup.clear()
+        if mistake == "check outside the lock" and work():
+            return
+        if mistake in ("spin", "return at once"):
+            while not work():
+                if mistake == "return at once":  # the worker loop calls it again at once: a spin as well
+                    return
+            return
+        if mistake == "poll":  # the retired worker's way, looking under the lock
+            while True:
+                with self._lock:
+                    if work():
+                        return
+                time.sleep(0.005)
+        with self._lock:
+            if mistake != "check outside the lock" and work():
+                return
+            if mistake in ("", "pending only", "check outside the lock", "wait under the lock", "wait with a timeout"):
+                self._wakeup.clear()
+            if mistake == "wait under the lock":
+                self._wakeup.wait()
+                return
+        if mistake == "clear after the check":  # the lost wake-up of notebook 05
+            self._wakeup.clear()
+        self._wakeup.wait(0.005 if mistake == "wait with a timeout" else None)
+        if mistake == "clear after the wait":
+            self._wakeup.clear()
+
+    return idle
+
+
+def _no_check_thread_left() -> bool:
+    import threading
+
+    return not [t for t in threading.enumerate() if t.name == "check_worker_idle" and t.is_alive()]
+
+
+def test_worker_idle_solution_and_engine_pass():
+    from roseinfer.bench.exercises import check_worker_idle
+    from roseinfer.bench.solutions import worker_idle
+    from roseinfer.server.manager import SchedulerManager
+
+    for idle in (worker_idle, SchedulerManager._idle, _worker_idle_with(), _worker_idle_with("clear first")):
+        verdict = check_worker_idle(idle)
+        assert verdict.startswith("PASS"), verdict
+    assert _no_check_thread_left()
+
+
+def test_worker_idle_unwritten_says_so():
+    from roseinfer.bench.exercises import check_worker_idle
+
+    def unwritten(self):
+        raise NotImplementedError
+
+    assert check_worker_idle(unwritten).startswith("not written yet")
+    assert _no_check_thread_left()
+
+
+def test_worker_idle_the_engines_earlier_workers_fail():
+    from roseinfer.bench.exercises import check_worker_idle
+    from roseinfer.history.clear_outside_lock import ClearOutsideLockManager
+    from roseinfer.history.polling_worker import PollingWorkerManager
+
+    lost = check_worker_idle(ClearOutsideLockManager._idle)  # notebook 05's lost wake-up, as the engine keeps it
+    assert lost.startswith("FAIL: lost wake-up") and "after its release of self._lock and before its clear()" in lost
+    assert check_worker_idle(PollingWorkerManager._idle).startswith("FAIL: polling")  # notebook 05's "before"
+    assert _no_check_thread_left()
+
+
+@pytest.mark.parametrize("mistake, said", [
+    ("clear after the check", "lost wake-up"),
+    ("check outside the lock", "lost wake-up"),
+    ("poll", "polling"),
+    ("wait with a timeout", "polling"),
+    ("spin", "busy-spinning"),
+    ("return at once", "busy-spinning"),
+    ("never clears", "never clearing"),
+    ("clear after the wait", "clearing after the wait"),
+    ("pending only", "looks only at self._pending"),
+    ("wait under the lock", "holding self._lock"),
+])
+def test_worker_idle_mistakes_are_named(mistake, said):
+    import time
+
+    from roseinfer.bench.exercises import check_worker_idle
+
+    start = time.perf_counter()
+    verdict = check_worker_idle(_worker_idle_with(mistake))
+    assert verdict.startswith("FAIL") and said in verdict, verdict
+    assert time.perf_counter() - start < 1.0  # the check waits tens of ms, never a wrong answer's whole nap
+    assert _no_check_thread_left()

@@ -975,3 +975,802 @@ def check_prefix_blocks(match: Callable) -> str:
         return f"FAIL: '{name}': got {got}, expected {expected}"
     return (f"PASS: {len(cases)} prompts, each matched to the engine's match_prefix: chained keys, full blocks only, "
             "stopping at the first miss, the last token left to compute")
+
+
+# --- notebook 11: a weight packed into the panels roseinfer's bf16 kernel reads ----------------------------------
+
+
+def _panel_shape_mistake(shape: tuple, n: int, k: int) -> str:
+    """Names the mistake behind a packing of the wrong shape, for a weight [n, k]."""
+    panels, pairs = -(-n // 32), k // 2
+    if shape == (panels, 32, pairs, 2):
+        return ("[N/32][32][K/2][2] keeps each column's K values together (the permute is missing). One step of the "
+                "kernel's loop reads one pair of k for all 32 columns, 64 values in a row: [N/32][K/2][32][2]")
+    if shape == (panels, pairs, 2, 32):
+        return ("[..][2][32] puts a pair's two k values 32 apart. vdpbf16ps multiplies the two halves of each 32-bit "
+                "lane, so each column's k and k + 1 sit next to each other: [..][32][2]")
+    if shape == (-(-k // 32), n // 2, 32, 2):
+        return ("transposed: it packed a [K, N] matrix. The weight is [N, K] (out_features, in_features, as "
+                "nn.Linear keeps it): the panels run over N, the pairs over K")
+    if len(shape) == 4 and shape[1:4:2] == (pairs, 2) and shape[2] != 32 and shape[0] * shape[2] >= n:
+        return (f"panels of {shape[2]} columns: a panel is 32 columns, two zmm registers of 16 fp32 accumulators "
+                "(the kernel's NB)")
+    if n % 32 and shape == (n // 32, pairs, 32, 2):
+        return (f"no padding: N = {n} is {n // 32} panels and {n % 32} columns, and those columns are lost; the last "
+                "panel is padded with zero columns to 32, so there are ceil(N/32) panels")
+    if not n % 32 and shape == (n // 32 + 1, pairs, 32, 2):
+        return f"an extra panel: N = {n} is exactly {n // 32} panels; ceil(N/32) of them, not N//32 + 1"
+    return "expected [ceil(N/32), K/2, 32, 2]"
+
+
+def _panel_value_mistake(out, weight, want, named: bool) -> str:
+    """Names the mistake behind a packing of the right shape and dtype but other values. With `named`, weight[n, k]
+    is 1000 n + k + 1, so a misplaced value says which weight it is."""
+    import torch
+
+    from roseinfer.kernels.cpu.bindings import unpack_panels
+
+    n, k = weight.shape
+    panels = want.shape[0]
+    padded = weight.new_zeros(panels * 32, k)
+    padded[:n] = weight
+    if torch.equal(out, padded.reshape(want.shape)):
+        return ("the weight's values in their old order: a reshape (or view) to [N/32, K/2, 32, 2] moves nothing. "
+                "View it as [N/32, 32, K/2, 2] and permute(0, 2, 1, 3), so that one pair of k for 32 columns lies "
+                "together")
+    if torch.equal(out, padded.view(panels, 32, 2, k // 2).permute(0, 3, 1, 2)):
+        return ("pairs not interleaved: packed[p, j, c] holds W[n, j] and W[n, j + K/2]. The kernel multiplies the "
+                "pair x[2j], x[2j + 1], so the weight's pair is W[n, 2j], W[n, 2j + 1]")
+    if torch.equal(unpack_panels(out, n), weight):
+        return ("the padding is not zero: the columns past N must be zeros (new_zeros, not empty: the bytes packed "
+                "should not depend on what the memory held before)")
+    p, j, c, t = (int(i) for i in (out != want).nonzero()[0])
+    row, col = 32 * p + c, 2 * j + t
+    where = f"packed[{p}, {j}, {c}, {t}] should hold W[32p + c, 2j + t] = " + (
+        f"W[{row}, {col}]" if row < n else f"0 (padding: column {row} is past N)")
+    got = float(out[p, j, c, t])
+    if named and got == 0:
+        return f"{where}; it holds 0"
+    if named and got == int(got) and 0 < got <= n * 1000:
+        return f"{where}; it holds W[{int(got - 1) // 1000}, {int(got - 1) % 1000}]"
+    return f"{where} = {float(want[p, j, c, t]):g}; it holds {got:g}"
+
+
+def check_pack_panels(pack: Callable) -> str:
+    """Notebook 11: `pack(weight)` lays a projection's weight out as roseinfer's bf16 kernel (linear_bf16.c) reads
+    it, as bindings.pack_panels does when PackedLinear is built. weight is [N, K] (out_features, in_features; K even);
+    the answer is [ceil(N/32), K/2, 32, 2] with packed[p, j, c, t] = W[32p + c, 2j + t]: panels of 32 output columns,
+    in each one pair of k for all 32 columns after another, the columns past N zero. The weight's dtype is kept, and
+    the tensor is contiguous: the kernel reads its memory in order, not through strides.
+
+    Compared with pack_panels on a 70 x 12 fp32 weight whose values name their place (1000 n + k + 1; a partial last
+    panel) and a 96 x 40 bf16 one (whole panels); the mistake is named. Where this CPU runs the kernel, it then
+    multiplies by the answer's panels."""
+    import torch
+
+    from roseinfer.kernels.cpu.bindings import bf16_linear, load_bf16_linear_kernel, pack_panels
+
+    gen = torch.Generator().manual_seed(0)
+    named = (1000 * torch.arange(70)[:, None] + torch.arange(12) + 1).float()
+    cases = (("a 70 x 12 weight (two panels and 6 columns)", named, True),
+             ("a 96 x 40 bf16 weight (three whole panels)", torch.randn(96, 40, generator=gen).bfloat16(), False))
+    for what, weight, is_named in cases:
+        want = pack_panels(weight, 32)
+        try:
+            out = pack(weight.clone())
+        except NotImplementedError:
+            return "not written yet: replace the `raise NotImplementedError` with your packing"
+        except Exception as exc:
+            hint = (f" (N = {weight.shape[0]} is not a whole number of 32-column panels: pad the weight with zero rows "
+                    "to the next multiple of 32 first)" if "invalid for input of size" in str(exc) else "")
+            return f"FAIL: {what}: it raised {type(exc).__name__}: {exc}{hint}"
+        n, k = weight.shape
+        if not isinstance(out, torch.Tensor):
+            return f"FAIL: {what}: expected a tensor [ceil(N/32), K/2, 32, 2], got {type(out).__name__}"
+        if tuple(out.shape) != tuple(want.shape):
+            return (f"FAIL: {what}: shape {tuple(out.shape)}, expected {tuple(want.shape)}: "
+                    + _panel_shape_mistake(tuple(out.shape), n, k))
+        if out.dtype != weight.dtype:
+            return (f"FAIL: {what}: dtype {out.dtype}, the weight's is {weight.dtype}: keep it (the engine packs "
+                    "bf16 weights, and the kernel reads 2-byte values)")
+        if not torch.equal(out, want):
+            return f"FAIL: {what}: " + _panel_value_mistake(out, weight, want, is_named)
+        if not out.is_contiguous():
+            return (f"FAIL: {what}: the right values, but not contiguous: permute only changes the strides, and the "
+                    "kernel reads the memory in order; end with .contiguous()")
+    if load_bf16_linear_kernel() is None:
+        return ("PASS: panels of 32 columns, one pair of k for all of them after another, a partial panel padded with "
+                "zeros, as pack_panels packs them (this CPU cannot run roseinfer's bf16 kernel on them)")
+    x = torch.randn(5, 40, generator=gen).bfloat16()
+    if not torch.equal(bf16_linear(x, out, None, False, 96), bf16_linear(x, want, None, False, 96)):
+        return "FAIL: roseinfer's kernel, given these panels, computed another y than with pack_panels' own"
+    return ("PASS: panels of 32 columns, one pair of k for all of them after another, a partial panel padded with "
+            "zeros, as pack_panels packs them; roseinfer's kernel, given them, computed y = x W^T for 5 rows as with "
+            "its own")
+
+
+# --- notebook 04: one pass of the scheduler manager's worker ------------------------------------------------------
+
+# Requests submitted before each pass of check_worker_pass: (request id, its tokens, the steps its prompt takes).
+# Request 12's prompt takes two steps (a chunked prefill), so it gets no token in its first step, between 7 and 3.
+WORKER_SCRIPT: tuple[tuple[tuple[int, tuple[int, ...], int], ...], ...] = (
+    (),  # idle: nothing submitted, nothing in flight
+    ((7, (700, 701, 702), 1), (12, (1200, 1201), 2), (3, (300,), 1)),  # a burst; 3 ends in its first step
+    (),
+    ((5, (500, 501), 1), (9, (900,), 2)),  # joins requests in flight
+    (),
+    (),  # idle again: every request has ended
+    ((1, (100, 101), 1),),
+    ((2, (200,), 1),),  # 2 and 1 end in the same step
+    (),  # idle
+)
+SCHEDULER_OWN_IDS = 1000  # the stand-in scheduler numbers a request from here when add_request gets no request_id
+
+
+class _WaitedOnInbox(Exception):
+    """Raised by check_worker_pass's inbox when the pass waits on it while it is empty."""
+
+
+class _Inbox:
+    """check_worker_pass's inbox, with queue.SimpleQueue's methods. A wait on it while it is empty raises (a real
+    queue would hang the pass) rather than block."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self._items: deque = deque()
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        self._items.append(item)
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        import queue
+
+        if self._items:
+            return self._items.popleft()
+        if block:
+            raise _WaitedOnInbox
+        raise queue.Empty
+
+    def get_nowait(self):
+        return self.get(False)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
+class _ScriptedRequest:
+    """A validated request, as the stand-in scheduler sees it: its tokens are scripted, not sampled."""
+
+    def __init__(self, request_id: int, tokens: tuple[int, ...], prefill_steps: int) -> None:
+        self.request_id, self.tokens, self.prefill_steps = request_id, tokens, prefill_steps
+
+    def __repr__(self) -> str:
+        return f"<request {self.request_id}>"
+
+
+class _ScriptedScheduler:
+    """check_worker_pass's stand-in for the manager's OnlineScheduler, with its method names; `step()` is
+    `engine.step(scheduler)`. Every request in flight is in every step; a request's prompt takes `prefill_steps`
+    steps, the last of them giving its first token; it ends in the step that gives its last token."""
+
+    def __init__(self) -> None:
+        import itertools
+
+        self._own_ids = itertools.count(SCHEDULER_OWN_IDS)
+        self._running: dict[int, list] = {}  # scheduler id -> [request, steps taken]
+        self._finished: list[int] = []  # ended, not yet popped
+        self.pass_index = 0
+        self.added = 0
+        self.steps = 0  # in this pass
+        self.passes_stepped = 0
+        self.idle_steps = 0  # in this pass, with nothing in flight
+        self.produced_at: dict[int, int] = {}  # token -> the pass whose step gave it
+        self.finished_at: dict[int, int] = {}  # handler's request id -> the pass whose step ended it
+
+    def add_request(self, request, request_id: int | None = None) -> int:
+        rid = next(self._own_ids) if request_id is None else request_id
+        if rid in self._running:
+            raise ValueError(f"request {rid} is already in the scheduler")
+        self._running[rid] = [request, 0]
+        self.added += 1
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running)
+
+    def step(self) -> dict[int, int]:
+        self.steps += 1
+        self.passes_stepped += self.steps == 1
+        if not self._running:
+            self.idle_steps += 1
+            return {}
+        tokens = {}
+        for rid, entry in list(self._running.items()):
+            request, taken = entry[0], entry[1] + 1
+            entry[1] = taken
+            made = taken - request.prefill_steps + 1  # tokens given so far, this step's included
+            if made >= 1:
+                tokens[rid] = request.tokens[made - 1]
+                self.produced_at[tokens[rid]] = self.pass_index
+            if made == len(request.tokens):
+                del self._running[rid]
+                self._finished.append(rid)
+                self.finished_at[request.request_id] = self.pass_index
+        return tokens
+
+    def pop_finished_ids(self) -> list[int]:
+        ids, self._finished = self._finished, []
+        return ids
+
+
+def _worker_requests() -> dict[int, tuple[int, ...]]:
+    return {rid: tokens for arrivals in WORKER_SCRIPT for rid, tokens, _ in arrivals}
+
+
+def _run_worker_script(worker_pass: Callable):
+    """Calls `worker_pass(inbox, scheduler, outputs)` once a pass of WORKER_SCRIPT, the script's requests submitted
+    to the inbox before their pass, as a handler would: (request id, request, its own queue). Returns the FAIL line
+    of a pass gone wrong, or (got, scheduler, outputs): got maps each request id to what its queue received, as
+    (pass, item) pairs, item a token or None (its end)."""
+    import queue
+
+    inbox, scheduler, outputs = _Inbox(), _ScriptedScheduler(), {}
+    queues: dict[int, queue.SimpleQueue] = {}
+    got: dict[int, list[tuple[int, int | None]]] = {}
+    submitted = 0
+    for index, arrivals in enumerate(WORKER_SCRIPT):
+        for rid, tokens, prefill_steps in arrivals:
+            queues[rid] = queue.SimpleQueue()
+            got[rid] = []
+            inbox.put((rid, _ScriptedRequest(rid, tokens, prefill_steps), queues[rid]))
+        submitted += len(arrivals)
+        in_flight = len(scheduler._running)
+        scheduler.pass_index, scheduler.steps, scheduler.idle_steps = index, 0, 0
+        failed = _call_worker_pass(worker_pass, inbox, scheduler, outputs, index, in_flight)
+        for rid, q in queues.items():  # what each handler reads, after the pass
+            while True:
+                try:
+                    got[rid].append((index, q.get_nowait()))
+                except queue.Empty:
+                    break
+        failed = _wrong_request(got) or failed  # tokens misrouted before an error are the first mistake
+        if failed:
+            return failed
+        if scheduler.idle_steps:
+            return (f"FAIL: stepping with nothing to do: at pass {index} the inbox was empty and no request was in "
+                    "flight, yet it called step(); check has_unfinished() first (an idle worker would spin, stepping "
+                    "empty batches)")
+        if not inbox.empty():
+            return (f"FAIL: submissions pile up: at pass {index}, {inbox.qsize()} of {len(arrivals)} requests "
+                    "submitted since the last pass were left in the inbox; take every one each pass (one a pass "
+                    "makes a burst of n wait up to n passes)")
+        if scheduler.added != submitted:
+            return (f"FAIL: at pass {index}, {submitted} requests had been taken off the inbox but "
+                    f"{scheduler.added} added to the scheduler: add each one, "
+                    "scheduler.add_request(request, request_id=request_id)")
+        if scheduler.steps == 0 and scheduler._running:
+            return (f"FAIL: at pass {index} requests were in flight but it did not step: take the inbox first, then "
+                    "step if has_unfinished(), so that a new request is in this pass's step")
+        if scheduler.steps > 1:
+            return (f"FAIL: at pass {index} it stepped {scheduler.steps} times: one step a pass, so that what "
+                    "handlers submit meanwhile joins the next step")
+    return got, scheduler, outputs
+
+
+def _call_worker_pass(worker_pass: Callable, inbox, scheduler, outputs, index: int, in_flight: int) -> str | None:
+    """One pass of the reader's function: None, or the FAIL line for what it raised."""
+    import queue
+
+    try:
+        worker_pass(inbox, scheduler, outputs)
+    except NotImplementedError:
+        raise
+    except _WaitedOnInbox:
+        return (f"FAIL: at pass {index} it waited on an empty inbox ({in_flight} request(s) in flight): a pass never "
+                "waits (with requests in flight, a wait stalls their steps); take what is there, inbox.get_nowait() "
+                "until queue.Empty, and return if there is nothing to step: the loop around waits for work")
+    except queue.Empty:
+        return (f"FAIL: at pass {index} queue.Empty escaped the pass: it means the inbox is drained; catch it and go "
+                "on to the step")
+    except KeyError as exc:
+        rid = exc.args[0] if exc.args else "?"
+        if isinstance(rid, int) and rid >= SCHEDULER_OWN_IDS:
+            return (f"FAIL: KeyError {rid} at pass {index}: the scheduler numbered the request itself (add_request "
+                    "without request_id) and step() gives its tokens under that number; pass request_id=the "
+                    "handler's id, so the ids step() gives are the ones in outputs")
+        return (f"FAIL: KeyError {rid!r} at pass {index}: no queue for that request; put each request's queue in "
+                "outputs[request_id] when you take it off the inbox")
+    except Exception as exc:
+        return f"FAIL: at pass {index} it raised {type(exc).__name__}: {exc}"
+    return None
+
+
+def _wrong_request(got) -> str | None:
+    """The FAIL line for a token in another request's queue, None if every token is in its own."""
+    owner = {token: rid for rid, tokens in _worker_requests().items() for token in tokens}
+    for rid, items in got.items():
+        for index, item in items:
+            if item is not None and owner.get(item) != rid:
+                whose = f"request {owner[item]}'s" if item in owner else "no request's"
+                return (f"FAIL: tokens routed to the wrong request: at pass {index}, request {rid}'s queue got token "
+                        f"{item}, {whose}; route by the id step() gives, outputs[rid], not by position (a request "
+                        "mid-prefill gets no token in a step) nor to the last queue taken")
+    return None
+
+
+def _judge_worker_run(got, scheduler, outputs) -> str:
+    requests = _worker_requests()
+    ends = {rid: [index for index, item in items if item is None] for rid, items in got.items()}
+    for rid, passes in ends.items():
+        if passes and passes[0] < scheduler.finished_at.get(rid, len(WORKER_SCRIPT)):
+            return (f"FAIL: request {rid} was ended at pass {passes[0]} but had not finished: end a request only when "
+                    "pop_finished_ids() reports it (one mid-prefill gets no token in a step, and is not finished)")
+    for rid, passes in ends.items():
+        if len(passes) > 1:
+            return (f"FAIL: an end signalled {len(passes)} times: request {rid}'s queue got None at passes {passes}; "
+                    "its handler stops at the first, the rest land in a stream that is over; end a request once, when "
+                    "pop_finished_ids() reports it")
+    for rid, items in got.items():
+        values = [item for _, item in items]
+        if None in values[:-1]:
+            return (f"FAIL: request {rid} got token(s) {values[values.index(None) + 1:]} after its end: its handler "
+                    "has stopped reading, so they are lost; put a request's last token first, then its end")
+    tokens = {rid: [item for _, item in items if item is not None] for rid, items in got.items()}
+    for rid, mine in tokens.items():
+        twice = [t for t, c in Counter(mine).items() if c > 1]
+        if twice:
+            return f"FAIL: request {rid} got token {twice[0]} twice: hand each token over once"
+    missing = {rid: [t for t in requests[rid] if t not in mine] for rid, mine in tokens.items()}
+    missing = {rid: lost for rid, lost in missing.items() if lost}
+    if missing:
+        rid, lost = next(iter(missing.items()))
+        if all(lost == [requests[r][-1]] and scheduler.produced_at.get(lost[0]) == scheduler.finished_at.get(r)
+               for r, lost in missing.items()):  # only last tokens, each given by the step that ended its request
+            return (f"FAIL: dropping a token: request {rid}'s last token, {lost[0]}, was lost ({len(missing)} "
+                    "request(s) lost theirs); it came in the step that finished the request: put the token, then "
+                    "the end")
+        return (f"FAIL: dropping a token: request {rid} never got token(s) {lost}; every token step() gives goes to "
+                "its request's queue, in the pass that gave it")
+    for rid, mine in tokens.items():
+        if mine != list(requests[rid]):
+            return f"FAIL: request {rid}'s tokens came out of order: {mine}, expected {list(requests[rid])}"
+    for rid, items in got.items():
+        late = [(index, item) for index, item in items if item is not None and index != scheduler.produced_at[item]]
+        if late:
+            index, token = late[0]
+            return (f"FAIL: request {rid}'s token {token}, given by the step of pass {scheduler.produced_at[token]}, "
+                    f"reached its queue at pass {index}: hand each token over in the pass whose step gave it")
+    for rid, passes in ends.items():  # late before never: ends read a pass late are lost when the next is idle
+        if passes and passes[0] != scheduler.finished_at[rid]:
+            return (f"FAIL: request {rid} finished in the step of pass {scheduler.finished_at[rid]} but its end came "
+                    f"at pass {passes[0]}: call pop_finished_ids() after step(), in the same pass, or its handler "
+                    "waits on")
+    for rid, passes in ends.items():
+        if rid in scheduler.finished_at and not passes:
+            return (f"FAIL: a finished request never signalled: request {rid} finished at pass "
+                    f"{scheduler.finished_at[rid]} but its queue never got its end (None): its handler would wait "
+                    "forever; put None in the queue of every id pop_finished_ids() gives")
+    if outputs:
+        return (f"FAIL: request(s) {sorted(outputs)} ended but their queues are still in outputs: it would grow by one "
+                "entry a request, forever; pop a request's queue when you end it")
+    idle = len(WORKER_SCRIPT) - scheduler.passes_stepped
+    return (f"PASS: {len(requests)} requests over {len(WORKER_SCRIPT)} passes ({idle} with nothing to do, not "
+            "stepped): every submission taken in its pass, one step a pass with work, each token in its own request's "
+            "queue in the pass that made it, each end once, after the last token")
+
+
+def check_worker_pass(worker_pass: Callable) -> str:
+    """Notebook 04: `worker_pass(inbox, scheduler, outputs)` is one pass of SchedulerManager's worker loop (its
+    `_take_new_work`, then `engine.step`, `pop_finished_ids` and the delivery to the streams), which the loop around
+    it repeats. `inbox` is a queue (queue.SimpleQueue's methods) of what handlers submitted since the last pass:
+    (request_id, request, out), `out` that request's own queue.SimpleQueue, which its handler reads. `scheduler` has
+    the OnlineScheduler's add_request(request, request_id=None), has_unfinished() and pop_finished_ids(), and step(),
+    which stands for engine.step(scheduler): one batch for every request in flight, {request_id: new token}.
+    `outputs` is the pass's own dict, request_id -> out, kept from one pass to the next (it starts empty).
+
+    One pass: take every request off the inbox into the scheduler (its queue into outputs); if nothing is in flight,
+    return (the loop waits for work); else step once, put each new token in its request's queue, and put None (the
+    end) in the queue of each request that finished, after its last token, and drop that queue from outputs.
+
+    The check runs a script of 9 passes with a stand-in scheduler (bursts, a request joining mid-flight, a chunked
+    prefill that gets no token in a step, idle passes) and names the mistake: tokens routed to the wrong request, a
+    finished request never signalled, an end signalled twice, requests taken one a pass, stepping with nothing to
+    do, a token dropped. No thread is started: the loop and the handlers are the check's."""
+    try:
+        run = _run_worker_script(worker_pass)
+    except NotImplementedError:
+        return "not written yet: replace the `raise NotImplementedError` with your pass"
+    if isinstance(run, str):
+        return run
+    return _judge_worker_run(*run)
+
+
+# --- notebook 05: the idle worker sleeps on the wake-up event -----------------------------------------------------
+
+IDLE_WINDOW_S = 0.03  # how long an idle worker is watched for naps or spinning (a right answer is seen asleep at once)
+IDLE_SETTLE_S = 0.2  # the most a right answer may take to get somewhere on a loaded machine; only odd answers wait it
+IDLE_SPIN_LOOKS = 100  # looks for work within the window that mean it never sleeps (5 ms naps make about 6)
+IDLE_MAX_POINTS = 64  # the moments between the worker's operations where a request is put, per kind of work
+_IDLE_OPS = {"acquire": "taking of self._lock", "release": "release of self._lock", "pending": "look at self._pending",
+             "aborts": "look at self._aborts", "stopping": "look at self._stopping", "clear": "clear()",
+             "is_set": "is_set()", "wait": "wait()", "set": "set()"}
+_IDLE_WORK = {"request": "a request (self._pending)", "abort": "an abort (self._aborts)",
+              "close": "close() (self._stopping)"}
+
+
+class _IdleAbandoned(BaseException):
+    """Raised in the worker thread at its next operation once the check is done with it: no thread is left running.
+    A BaseException, so that an `except Exception` in the answer does not swallow it."""
+
+
+class _IdleLock:
+    """The stand-in manager's self._lock: a threading.Lock whose every use by the worker is noted."""
+
+    def __init__(self, run) -> None:
+        self._run = run
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self._run.note("acquire")
+        if not blocking:
+            return self._run.raw_lock.acquire(False)
+        while not self._run.raw_lock.acquire(timeout=0.01):  # a worker that deadlocks itself still ends
+            self._run.check_abandoned()
+        return True
+
+    def release(self) -> None:
+        self._run.raw_lock.release()
+        self._run.note("release")
+
+    def locked(self) -> bool:
+        return self._run.raw_lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class _IdleEvent:
+    """The stand-in manager's self._wakeup: a threading.Event whose every use by the worker is noted."""
+
+    def __init__(self, run) -> None:
+        import threading
+
+        self._run, self.event = run, threading.Event()
+
+    def set(self) -> None:
+        self._run.note("set")
+        self.event.set()
+
+    def clear(self) -> None:
+        self._run.note("clear")
+        self.event.clear()
+
+    def is_set(self) -> bool:
+        self._run.note("is_set")
+        return self.event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._run.note("wait", timeout)
+        try:
+            return self.event.wait(timeout)
+        finally:
+            self._run.left_wait()
+
+
+class _IdleManager:
+    """The `self` that check_worker_idle passes: the SchedulerManager fields the idle worker uses, every use noted."""
+
+    before_clear = None  # ClearOutsideLockManager's hook (the tests pass that variant's _idle): none here
+
+    def __init__(self, run) -> None:
+        self._run, self._lock, self._wakeup = run, _IdleLock(run), _IdleEvent(run)
+        self.num_idle_wakeups = 0
+
+    @property
+    def _pending(self) -> list:
+        self._run.note("pending")
+        return self._run.pending
+
+    @property
+    def _aborts(self) -> list:
+        self._run.note("aborts")
+        return self._run.aborts
+
+    @property
+    def _stopping(self) -> bool:
+        self._run.note("stopping")
+        return self._run.stopping
+
+    def _wait_for_work(self) -> None:  # SchedulerManager's
+        self._wakeup.wait()
+
+
+class _IdleRun:
+    """One worker thread running `idle` as SchedulerManager._worker_loop does (idle, take the work if any, idle
+    again), with no work at first. With `put_at`, the check's hook puts one piece of work (`kind`) in, from the
+    worker's own thread, right before the worker's operation number `put_at` (or the first one after it that does
+    not run under the lock): the submitter's moment, held still, as notebook 05's hook holds it."""
+
+    def __init__(self, idle: Callable, stale: bool = False, kind: str = "request", put_at: int | None = None) -> None:
+        import threading
+        import time
+
+        self.cv, self.raw_lock = threading.Condition(), threading.Lock()
+        self.pending: list = []
+        self.aborts: list = []
+        self.stopping = False
+        self.manager = _IdleManager(self)
+        if stale:  # a set() left by a request the worker took while it was busy
+            self.manager._wakeup.event.set()
+        self.kind, self.put_at, self.put_where = kind, put_at, None
+        self.log: list[tuple[str, str]] = []  # (whose, what): "worker" or "put", in order
+        self.ops = self.looks = self.laps = self.waits = 0
+        self.in_wait, self.wait_timeout = False, None
+        self.served = self.done = self.abandoned = False
+        self.error: BaseException | None = None
+        self.started = time.perf_counter()
+        self.thread = threading.Thread(target=self._work, args=(idle,), name="check_worker_idle", daemon=True)
+        self.thread.start()
+
+    def _work(self, idle: Callable) -> None:
+        try:
+            while True:
+                with self.cv:
+                    self.check_abandoned()
+                    self.laps += 1
+                    self.looks += 1
+                idle(self.manager)
+                if not self.raw_lock.acquire(timeout=IDLE_SETTLE_S):  # _take_new_work
+                    raise RuntimeError("it returned with self._lock still held")
+                try:
+                    with self.cv:
+                        self.check_abandoned()
+                        if self.pending or self.aborts or self.stopping:
+                            self.served = True
+                            return
+                finally:
+                    self.raw_lock.release()
+        except _IdleAbandoned:
+            pass
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            with self.cv:
+                self.done = True
+                self.cv.notify_all()
+
+    def check_abandoned(self) -> None:
+        if self.abandoned:
+            raise _IdleAbandoned
+
+    def note(self, what: str, timeout: float | None = None) -> None:
+        """Called right before the worker's operation `what` takes effect (a release: right after), in its thread."""
+        with self.cv:
+            self.check_abandoned()
+            index, self.ops = self.ops, self.ops + 1
+            if what == "release":  # already done: a put at this moment comes after it
+                self.log.append(("worker", what))
+            put = (self.put_at is not None and self.put_where is None and index >= self.put_at
+                   and not self.raw_lock.locked())  # a submitter cannot queue while the worker holds the lock
+            if put:
+                self.put_where = index
+        if put:
+            self.put("worker")
+        with self.cv:  # after the put: the worker is not seen asleep before a put at this moment is in
+            if what != "release":
+                self.log.append(("worker", what))
+            self.looks += what in ("pending", "is_set", "wait")
+            if what == "wait":
+                self.waits += 1
+                self.in_wait, self.wait_timeout = True, timeout
+            self.cv.notify_all()
+
+    def left_wait(self) -> None:
+        with self.cv:
+            self.in_wait = False
+            self.cv.notify_all()
+            self.check_abandoned()
+
+    def put(self, who: str) -> bool:
+        """What the manager's callers do: queue the work under the lock, then set the event. False if the lock
+        could not be had (the worker holds it while it sleeps)."""
+        if not self.raw_lock.acquire(timeout=IDLE_SETTLE_S if who == "check" else -1):
+            return False
+        try:
+            with self.cv:  # queued and set at once, as far as the watching thread can tell
+                if self.kind == "request":
+                    self.pending.append("request")
+                elif self.kind == "abort":
+                    self.aborts.append(7)
+                else:
+                    self.stopping = True
+                self.manager._wakeup.event.set()
+                self.log.append(("put", "set"))
+                self.cv.notify_all()
+        finally:
+            self.raw_lock.release()
+        return True
+
+    def work(self) -> bool:
+        return bool(self.pending or self.aborts or self.stopping)
+
+    def asleep(self, timed: bool = False) -> bool:
+        """In a wait that only a set() ends (a timed one too if `timed`), the event clear, no work queued."""
+        return (self.in_wait and (timed or self.wait_timeout is None) and not self.manager._wakeup.event.is_set()
+                and not self.work())
+
+    def lost(self) -> bool:
+        """Asleep on the event, the event clear, work queued: nothing will wake it (a timed wait: not before its nap)."""
+        return self.in_wait and not self.manager._wakeup.event.is_set() and self.work()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        with self.cv:
+            self.cv.wait_for(predicate, timeout)
+
+    def finish(self) -> None:
+        with self.cv:
+            self.abandoned = True
+            self.cv.notify_all()
+        self.manager._wakeup.event.set()  # a sleeping worker wakes, and ends at its next operation
+        self.thread.join(IDLE_SETTLE_S)
+
+
+def _idle_error(run: _IdleRun) -> str:
+    if isinstance(run.error, NotImplementedError):
+        return "not written yet: replace the `raise NotImplementedError` with your idle wait"
+    return f"FAIL: it raised {type(run.error).__name__}: {run.error}"
+
+
+def _judge_idle(run: _IdleRun, stale: bool) -> str | None:
+    """Nothing to do: the worker must be asleep on the event after one look. Else name what it does instead."""
+    import time
+
+    ms = (time.perf_counter() - run.started) * 1000
+    with run.cv:
+        if run.error is not None:
+            return _idle_error(run)
+        if run.in_wait and run.raw_lock.locked():
+            return ("FAIL: it waits while holding self._lock: no request can be queued to wake it (add_request "
+                    "queues under that lock); release the lock, then wait")
+        if run.in_wait and run.waits == 1 and run.laps == 1 and not run.manager._wakeup.event.is_set():
+            return None
+        log = [what for whose, what in run.log if whose == "worker"]
+        first_wait = log.index("wait") if "wait" in log else len(log)
+        if stale and "clear" not in log and run.waits >= 2:
+            return (f"FAIL: never clearing: the event stays set from a request the worker already took, so every "
+                    f"wait returns at once and the idle worker spins ({run.looks} looks for work in {ms:.0f} ms, "
+                    "none there); clear it when you find no work")
+        if stale and run.in_wait and run.waits == 2 and "clear" in log and log.index("clear") > first_wait:
+            return ("FAIL: clearing after the wait: a set() left by a request the worker already took woke the idle "
+                    "worker once for nothing (its first wait returned at once); clear when you find no work, in the "
+                    "same critical section as that check, then wait")
+        if run.looks >= IDLE_SPIN_LOOKS:
+            return (f"FAIL: busy-spinning: with nothing to do it looked for work {run.looks} times in {ms:.0f} ms and "
+                    "never slept (returning at once is a spin too: the worker loop calls it again); wait on "
+                    "self._wakeup")
+        if run.waits >= 2:
+            return (f"FAIL: polling: with nothing to do it woke {run.waits} times in {ms:.0f} ms, every wait "
+                    f"ending at its timeout ({run.wait_timeout} s): a nap by another name; wait() with no timeout, "
+                    "until a request sets the event")
+        if run.laps >= 2 or run.looks >= 2:
+            return (f"FAIL: polling: with nothing to do it looked for work {run.looks} times in {ms:.0f} ms, "
+                    "sleeping a fixed nap in between: a request waits for the rest of the nap, and an idle server "
+                    "keeps waking up; wait on self._wakeup, which a request sets")
+        return (f"FAIL: after {ms:.0f} ms with nothing to do it is neither asleep on self._wakeup nor looking for "
+                "work: sleeping a fixed nap? Wait on the event, which a request sets")
+
+
+def _idle_watch(idle: Callable, stale: bool) -> str | None:
+    """No work, the event clear (or `stale`: set by a request already taken): asleep at once? Then a request."""
+    run = _IdleRun(idle, stale=stale)
+    try:
+        run.wait_for(lambda: run.done or run.asleep(), IDLE_WINDOW_S)
+        with run.cv:  # neither asleep nor round twice yet: a loaded machine, or a long nap
+            slow = not (run.done or run.in_wait) and run.looks < 3 and run.laps < 2
+        if slow:
+            run.wait_for(lambda: run.done or run.in_wait or run.looks >= 3 or run.laps >= 2, IDLE_SETTLE_S)
+        verdict = _judge_idle(run, stale)
+        if verdict:
+            return verdict
+        if not run.put("check"):
+            return "FAIL: it waits while holding self._lock: no request can be queued to wake it"
+        run.wait_for(lambda: run.done or run.lost(), IDLE_SETTLE_S)
+        if run.error is not None:
+            return _idle_error(run)
+        if not run.served:
+            return ("FAIL: a request submitted while the worker slept (queued, then self._wakeup.set()) did not wake "
+                    "it: wait on self._wakeup")
+        return None
+    finally:
+        run.finish()
+
+
+def _judge_idle_point(run: _IdleRun, where: str) -> str:
+    """The work was queued and the event set, yet the worker sleeps: name why."""
+    log = [what for whose, what in run.log if whose == "worker"]
+    field = {"abort": "aborts", "close": "stopping"}.get(run.kind)
+    work = _IDLE_WORK[run.kind]
+    if field and field not in log:
+        return (f"FAIL: it looks only at self._pending: {work} queued {where} set the event, yet the worker "
+                f"cleared it and sleeps, the work unseen; there is work when self._pending or self._aborts or "
+                "self._stopping")
+    put = run.log.index(("put", "set"))
+    if "clear" in [what for whose, what in run.log[put:] if whose == "worker"]:
+        return (f"FAIL: lost wake-up: {work} queued {where} set the event, and the worker's clear() after it "
+                "erased that set(): the worker sleeps with the work queued until something else wakes it. Clear in "
+                "the same critical section as the check for work, under self._lock (or before the check)")
+    return (f"FAIL: lost wake-up: {work} queued {where} set the event, yet the worker sleeps with it queued: after "
+            "the check finds no work, only the event may decide whether to sleep")
+
+
+def _idle_point(idle: Callable, kind: str, point: int) -> tuple[str | None, bool]:
+    """Put `kind` of work in right before the worker's operation number `point`: is it taken? (verdict, whether the
+    put came before the worker fell asleep)."""
+    run = _IdleRun(idle, kind=kind, put_at=point)
+    try:
+        run.wait_for(lambda: run.done or run.asleep(timed=True) or run.lost(), IDLE_SETTLE_S)
+        with run.cv:
+            if run.error is not None:
+                return _idle_error(run), True
+            if run.served:
+                return None, True
+            inline = run.put_where is not None
+            if inline:  # the worker's operations on either side of the put, as they took effect
+                put = run.log.index(("put", "set"))
+                before = [_IDLE_OPS[what] for whose, what in run.log[:put] if whose == "worker"][-1:]
+                after = [_IDLE_OPS[what] for whose, what in run.log[put:] if whose == "worker"][:1]
+                where = " and ".join(f"{side} its {op[0]}" for side, op in (("after", before), ("before", after))
+                                     if op)
+        if not inline:  # asleep before `point` operations: put it in now, from this thread
+            if not run.put("check"):
+                return "FAIL: it waits while holding self._lock: no request can be queued to wake it", False
+            run.wait_for(lambda: run.done or run.lost(), IDLE_SETTLE_S)
+            where = "while the worker slept"
+        with run.cv:
+            if run.error is not None:
+                return _idle_error(run), inline
+            if run.served:
+                return None, inline
+            if run.lost():
+                return _judge_idle_point(run, where), inline
+        return (f"FAIL: {_IDLE_WORK[kind]} queued {where}: after {IDLE_SETTLE_S * 1000:.0f} ms the worker had neither "
+                "returned to take it nor gone to sleep"), inline
+    finally:
+        run.finish()
+
+
+def check_worker_idle(idle: Callable) -> str:
+    """Notebook 05: `idle(self)` is SchedulerManager._idle, what the worker does when it has nothing to step. `self`
+    has the manager's `_lock`, `_pending` (queued requests), `_aborts`, `_stopping` (close() was called) and `_wakeup`
+    (a threading.Event). Callers queue work under `_lock`, then call `_wakeup.set()`. It must return at once if
+    there is work, else sleep on `_wakeup` until a set() (no timeout, no nap), clearing the event at the point where
+    no set() can be lost, and return when woken; the worker loop then takes the work and calls it again if none.
+
+    The check watches it idle (the event clear, then set by a request already taken) and puts work in right before
+    each of its operations in turn, from the worker's own thread, so that every interleaving with a submitter is
+    tried exactly, not by luck. It names the mistake: a lost wake-up, polling with a nap, busy-spinning, never
+    clearing the event."""
+    for stale in (False, True):
+        verdict = _idle_watch(idle, stale)
+        if verdict:
+            return verdict
+    points = 0
+    for kind in _IDLE_WORK:
+        for point in range(IDLE_MAX_POINTS):
+            verdict, inline = _idle_point(idle, kind, point)
+            if verdict:
+                return verdict
+            points += 1
+            if not inline:  # the worker was asleep before this operation: later points are the same
+                break
+    return (f"PASS: asleep on the event at once when idle, even with a stale set(); woken by a request, an abort and "
+            f"close() put in at each of {points} moments around its check, clear and wait: no wake-up lost")

@@ -130,3 +130,45 @@ def prefix_blocks(token_ids, block_size, cached):
         blocks.append(cached[key])
         parent = key
     return blocks
+
+
+def pack_panels(weight):
+    """Notebook 11: a weight [N, K] as roseinfer's bf16 kernel reads it, [ceil(N/32), K/2, 32, 2]."""
+    n, k = weight.shape
+    panels = -(-n // 32)  # 32 columns a panel: two zmm registers of 16 fp32 accumulators; a partial one counts
+    padded = weight.new_zeros(panels * 32, k)  # same dtype; the columns past N zero, so the last panel is whole
+    padded[:n] = weight
+    # [panel, column, pair, 2] -> [panel, pair, column, 2]: one pair of k for all 32 columns is 64 values in a row,
+    # the two loads of one step of the kernel's loop; the pair stays adjacent, as vdpbf16ps multiplies it
+    return padded.view(panels, 32, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # the kernel reads memory in order
+
+
+def worker_pass(inbox, scheduler, outputs):
+    """Notebook 04: one pass of SchedulerManager's worker loop: take the inbox, step once, route by request id."""
+    import queue
+
+    while True:  # every submission since the last pass: taking one a pass would let a burst pile up
+        try:
+            request_id, request, out = inbox.get_nowait()  # never wait here: requests may be running
+        except queue.Empty:
+            break
+        scheduler.add_request(request, request_id=request_id)  # the handler's id, so step() speaks of it
+        outputs[request_id] = out
+    if not scheduler.has_unfinished():
+        return  # nothing to step: the loop around waits for a submission
+    for request_id, token in scheduler.step().items():  # one batch for every request in flight
+        outputs[request_id].put(token)  # by id: a request mid-prefill gets no token, so positions shift
+    for request_id in scheduler.pop_finished_ids():  # after the step: the ones it just ended, last token already put
+        outputs.pop(request_id).put(None)  # popped, so a request is ended once and the dict does not grow
+
+
+def worker_idle(self):
+    """Notebook 05: SchedulerManager._idle. Callers queue work under self._lock and set the event after releasing it."""
+    with self._lock:
+        if self._pending or self._aborts or self._stopping:
+            return  # work came after the worker last looked: back to the loop, which takes it
+        # Cleared in the same critical section as the check: work queued before it is seen above, and the set() of
+        # work queued after it comes after this clear, so it cannot be erased. Cleared outside the lock, a request
+        # queued between the check and the clear would have its set() erased: a lost wake-up.
+        self._wakeup.clear()  # also drops a set() left by work the worker took while busy: no wake-up for nothing
+    self._wakeup.wait()  # no timeout: only a set() wakes it, at once, and an idle worker never wakes otherwise
