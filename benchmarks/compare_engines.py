@@ -40,6 +40,7 @@ from roseinfer.bench import plots
 from roseinfer.bench.peer_models import make_hf_weights
 from roseinfer.bench.peers import ENGINES, PEERS_DIR, REFERENCE, Engine, installed
 from roseinfer.bench.results import cpu_info, make_result, read_json, results_dir, write_json
+from roseinfer.bench.roofline import BANDWIDTH_READERS
 from roseinfer.bench.same_answer import agreement, matching_prefix
 from roseinfer.config import PRESETS
 
@@ -203,6 +204,7 @@ def main(argv=None) -> int:
         "reference_engine": REFERENCE,
         "greedy": True,
         "ignore_eos": True,
+        "bandwidth_readers": list(BANDWIDTH_READERS),
     }
     default_name = "compare_engines" + ("" if args.preset == "gpt2" else f"_{args.preset}")
     out = Path(args.output_json) if args.output_json else results_dir("cpu") / f"{default_name}.json"

@@ -431,3 +431,19 @@ def test_notebook_save_files_results_under_the_device_measured(tmp_path, monkeyp
     assert cpu_run == tmp_path / "cpu" / "nbXX.json" and gpu_run == tmp_path / "h100" / "nbYY.json"
     saved = json.loads(cpu_run.read_text())
     assert saved["device"] == "cpu" and saved["device_name"] == "a CPU"
+
+
+def test_the_read_bandwidth_takes_the_fastest_reader_roseinfers_kernel_included(monkeypatch):
+    from roseinfer.bench import roofline
+    from roseinfer.kernels.cpu.bindings import load_f32_linear_kernel
+
+    own = roofline._own_gemv_case(torch.device("cpu"), small=True)
+    assert (own is None) == (load_f32_linear_kernel() is None)
+    if own is not None:
+        run, weight_bytes = own
+        run()
+        assert weight_bytes == 4 * 64 * 256 * 4  # four fp32 matrices of 256 x 64
+    # a reader that takes no time at all must be the one the meter reports (an infinite bandwidth)
+    monkeypatch.setattr(roofline, "_own_gemv_case", lambda dev, small: ((lambda: None), 1 << 30))
+    monkeypatch.setattr(roofline, "_best_time", lambda fn, reps, dev: 1.0 if fn is not None and fn.__name__ != "<lambda>" else 1e-9)
+    assert roofline.read_bandwidth_meter("cpu", torch.float32, small=True)() == pytest.approx((1 << 30) / 1e-9)

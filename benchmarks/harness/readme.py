@@ -166,11 +166,15 @@ def compare_engines_section(results: Path) -> str:
                                 if k.removesuffix("_tok_s") in used)
             for w, b in m.items()
         )
+        # Runs before roseinfer's kernel joined the bandwidth readers say nothing of them: they had two.
+        readers = c.get("bandwidth_readers") or ["a sum over 1 GiB", "a one-row packed projection through 512 MB of "
+                                                 "weights"]
+        readers = "the fastest of " + ", ".join(readers[:-1]) + " and " + readers[-1] if len(readers) > 2 \
+            else "the faster of " + " and ".join(readers)
         parts.append(
             f"Roofline ceiling in output tok/s, the workload run by an ideal engine at the matmul and "
             f"memory-read peaks measured in the same run (`bench/roofline.py`: the best of `torch.mm` and "
-            f"oneDNN's packed projection for FLOP/s; for read bandwidth the faster of a sum over 1 GiB "
-            f"and a one-row packed projection through 512 MB of weights; int8: one byte a weight, fp32 K/V, "
+            f"oneDNN's packed projection for FLOP/s; for read bandwidth {readers}; int8: one byte a weight, fp32 K/V, "
             f"and the int8 products of `torch._int_mm` or roseinfer's int8 kernel, the faster): {floors}. Each "
             f"engine is measured against the ceiling of its own dtype."
         )

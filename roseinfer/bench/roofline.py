@@ -146,10 +146,10 @@ def measure_peaks(
     - matmul: a square `torch.mm`, and on a CPU also oneDNN's packed linear at a
       large row count (the kernel the engines' projections use; BLAS's `mm`
       can be far slower, e.g. MKL on an AMD CPU);
-    - memory (`mem_bytes_s`, a *read* bandwidth): the faster of a read-only sum
-      over 1 GiB and oneDNN's packed projection of one row through 512 MB of
-      weights (a batch-1 decode step: its kernels prefetch, and read faster
-      than the sum). A copy is measured too (`copy_bytes_s`, bytes read plus written):
+    - memory (`mem_bytes_s`, a *read* bandwidth): the fastest of a read-only sum
+      over 1 GiB and one row through 512 MB of weights by oneDNN's packed
+      projection and by roseinfer's fp32 kernel (a batch-1 decode step: its
+      kernels prefetch, and read faster than the sum). A copy is measured too (`copy_bytes_s`, bytes read plus written):
       on a 2-core slice of a server CPU it moves more bytes a second than two
       cores can *read* (~1.6x on an AMD EPYC), so it would be a ceiling no
       weight-reading step can approach; it is reported, not used.
@@ -198,20 +198,27 @@ def _best_time(fn, reps: int, dev: torch.device) -> float:
     return min(times)
 
 
+# What read_bandwidth_meter takes the fastest of (results record it: ceilings measured before roseinfer's kernel
+# joined were read without it).
+BANDWIDTH_READERS = ("a sum over 1 GiB", "oneDNN's packed projection of one row through 512 MB",
+                     "roseinfer's fp32 kernel on one row through 512 MB")
+
+
 def read_bandwidth_meter(device="cpu", dtype: torch.dtype = torch.float32, small: bool = False):
-    """A function that measures the memory's read bandwidth now, in bytes/s: the faster of a sum over
-    1 GiB and oneDNN's packed projection of one row through 512 MB of weights (see measure_peaks).
+    """A function that measures the memory's read bandwidth now, in bytes/s: the fastest of a sum over
+    1 GiB and one row through 512 MB of weights by oneDNN's packed projection and by roseinfer's fp32
+    kernel (see measure_peaks). roseinfer's is there because an engine runs it: a ceiling is the best of
+    the readers the engines use, on every CPU class (roseinfer.cpu_class caps the other two).
 
     Its buffers are built once, so a benchmark that compares a step with its floor can measure the
     bandwidth beside each of its rounds: a virtual machine's drifts within minutes."""
     dev = torch.device(device)
     stream = torch.ones((1 << 20) if small else (1 << 28), device=dev, dtype=torch.float32)  # 1 GiB
-    gemv = _packed_gemv_case(dev, dtype, small)
+    gemvs = [case for case in (_packed_gemv_case(dev, dtype, small), _own_gemv_case(dev, small)) if case is not None]
 
     def measure() -> float:
         reads = [stream.numel() * stream.element_size() / _best_time(stream.sum, 5, dev)]
-        if gemv is not None:
-            run, weight_bytes = gemv
+        for run, weight_bytes in gemvs:
             reads.append(weight_bytes / _best_time(run, 3, dev))
         return max(reads)
 
@@ -296,6 +303,25 @@ def _int8_matmul_cases(dev: torch.device, small: bool) -> list:
             x = torch.randn(rows, k)
             cases.append((lambda: w8a8_linear(x, packed, scale, colsum, None, False, n, k), 2 * rows * k * n))
     return cases
+
+
+def _own_gemv_case(dev: torch.device, small: bool):
+    """(run, bytes) of one row through roseinfer's fp32 panels larger than any cache, or None (no kernel)."""
+    from roseinfer.kernels.cpu.bindings import f32_linear, load_f32_linear_kernel, pack_f32_panels
+
+    lib = load_f32_linear_kernel() if dev.type == "cpu" else None
+    if lib is None:
+        return None
+    k, n = (64, 256) if small else (4096, 4096)
+    count = 4 if small else (512 << 20) // (k * n * 4)
+    panels = [pack_f32_panels(torch.randn(n, k), lib.linear_f32_panel_columns()) for _ in range(count)]
+    x = torch.randn(1, k)
+
+    def run() -> None:
+        for p in panels:
+            f32_linear(x, p, None, False, n)
+
+    return run, count * k * n * 4
 
 
 def _packed_gemv_case(dev: torch.device, dtype: torch.dtype, small: bool):
