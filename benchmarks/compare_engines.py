@@ -28,11 +28,20 @@ roofline floor reached. Writes results/cpu/compare_engines.json and .png.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.engine_compare import WORKLOADS, build_workloads, prompt_vocab, roofline, summarize_engine
+from harness.engine_compare import (
+    WORKLOADS,
+    BandwidthWatch,
+    around,
+    build_workloads,
+    prompt_vocab,
+    roofline,
+    summarize_engine,
+)
 from harness.peer_formats import add_weights_arguments, ct2_model, gguf_model, weights_cache
 from harness.peer_runs import run_engine
 
@@ -82,8 +91,10 @@ def model_paths(engines: list[Engine], args, weights: Path) -> tuple[dict[str, P
     return paths, skipped
 
 
-def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, failed) -> None:
-    """Every engine once, in order; an engine that fails is reported and left out of later rounds."""
+def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, failed, watch, bandwidths) -> None:
+    """Every engine once, in order; an engine that fails is reported and left out of later rounds. The read
+    bandwidth is measured between engines, and each run keeps the better reading either side of it."""
+    before = watch.read()
     for engine in engines:
         if engine.name in failed:
             continue
@@ -96,9 +107,13 @@ def run_round(args, engines, paths, workloads, work_dir, tag, runs, versions, fa
             print(f"  FAILED: {err}", flush=True)
             failed[engine.name] = str(err)
             runs.pop(engine.name, None)
+            bandwidths.pop(engine.name, None)
             continue
+        after = watch.read()
         versions[engine.name] = out["engine"]
         runs.setdefault(engine.name, []).append(out["workloads"])
+        bandwidths.setdefault(engine.name, []).append(around(before, after))
+        before = after
 
 
 def roofline_dtype(engine: str, versions: dict[str, dict]) -> str | None:
@@ -109,11 +124,21 @@ def roofline_dtype(engine: str, versions: dict[str, dict]) -> str | None:
     return precision if precision in ("fp32", "bf16", "int8") else None
 
 
-def summarize(args, runs, workloads, versions: dict[str, dict] | None = None) -> dict[str, Any]:
+def summarize(args, runs, workloads, versions: dict[str, dict] | None = None,
+              bandwidths: dict[str, list[dict[str, float]]] | None = None,
+              best_bandwidth: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per workload: each engine's median and spread, its greedy agreement with the reference, and its share of
+    the roofline. The ceiling shown is the fastest bandwidth read in the whole run; a share is the median over
+    runs of a run's speed over the ceiling at the bandwidth read beside that run."""
     results = {}
     reference = runs.get(REFERENCE, next(iter(runs.values()), None))
+    bandwidths = bandwidths or {}
+
+    def ceiling(requests, bandwidth=None):
+        return roofline(PRESETS[args.preset], requests, args.threads, small=args.quick_roofline, bandwidth=bandwidth)
+
     for name, requests in workloads.items():
-        floors = roofline(PRESETS[args.preset], requests, args.threads, small=args.quick_roofline)
+        floors = ceiling(requests, best_bandwidth)
         block: dict[str, Any] = {
             "num_requests": len(requests),
             "useful_output_tokens": sum(r["max_new_tokens"] for r in requests),
@@ -126,10 +151,13 @@ def summarize(args, runs, workloads, versions: dict[str, dict] | None = None) ->
             tokens, expected = engine_runs[0][name]["token_ids"], reference[0][name]["token_ids"]
             s["same_tokens_as_reference"] = agreement(tokens, expected)
             s["matching_prefix_with_reference"] = matching_prefix(tokens, expected)
-            s["fraction_of_fp32_roofline"] = s["output_throughput_tok_s"] / floors["fp32_tok_s"]
+            beside = [ceiling(requests, b) for b in bandwidths.get(engine, [])] or [floors] * len(s["runs_tok_s"])
+            s["fraction_of_fp32_roofline"] = statistics.median(
+                tok_s / c["fp32_tok_s"] for tok_s, c in zip(s["runs_tok_s"], beside))
             own = roofline_dtype(engine, versions or {})
             s["roofline_dtype"] = own
-            s["fraction_of_own_roofline"] = s["output_throughput_tok_s"] / floors[f"{own}_tok_s"] if own else None
+            s["fraction_of_own_roofline"] = statistics.median(
+                tok_s / c[f"{own}_tok_s"] for tok_s, c in zip(s["runs_tok_s"], beside)) if own else None
             block["engines"][engine] = s
         results[name] = block
     return results
@@ -211,16 +239,21 @@ def main(argv=None) -> int:
     runs: dict[str, list[dict]] = {}
     versions: dict[str, dict] = {}
     failed: dict[str, str] = {}
+    bandwidths: dict[str, list[dict[str, float]]] = {}
+    watch = BandwidthWatch(args.threads, small=args.quick_roofline)
     with tempfile.TemporaryDirectory(prefix="roseinfer-peers-") as tmp:
         for round_ in range(args.repeat_runs):  # interleaved: every engine once per round
             tag = f"round{round_ + 1}of{args.repeat_runs}"
-            run_round(args, engines, paths, workloads, Path(tmp), tag, runs, versions, failed)
+            run_round(args, engines, paths, workloads, Path(tmp), tag, runs, versions, failed, watch, bandwidths)
             # Written after every round, so a long run that is cut short still leaves its data.
-            results = summarize(args, runs, workloads, versions)
+            results = summarize(args, runs, workloads, versions, bandwidths, watch.best())
             config |= {
                 "completed_rounds": round_ + 1,
                 "engine_versions": versions,
                 "skipped": skipped | failed,
+                "bandwidth_readings_gb_s": [{k: round(v / 1e9, 2) for k, v in r.items()} for r in watch.readings],
+                "run_bandwidth_gb_s": {e: [{k: round(v / 1e9, 2) for k, v in b.items()} for b in runs_]
+                                       for e, runs_ in bandwidths.items()},
             }
             write_json(out, make_result("compare_engines", "engines", config, results, "cpu"))
             plot(results, out.with_suffix(".png"))

@@ -60,15 +60,54 @@ def summarize_engine(runs: list[dict[str, Any]], requests: list[dict]) -> dict[s
     }
 
 
-def roofline(config: ModelConfig, requests: list[dict], threads: int, small: bool = False) -> dict[str, float]:
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+
+
+def roofline(config: ModelConfig, requests: list[dict], threads: int, small: bool = False,
+             bandwidth: dict[str, float] | None = None) -> dict[str, float]:
     """Output tok/s no engine can beat on this CPU, in fp32, bf16 and int8 (int8 weights and products; measured
-    peaks; small: see `workload_ceiling_tok_s`)."""
+    peaks; small: see `workload_ceiling_tok_s`). bandwidth: read bytes/s per dtype name, measured beside the run
+    judged (BandwidthWatch), in place of the bandwidth measured once a process."""
     import torch
 
     torch.set_num_threads(threads)
     prompt_lens = [len(r["prompt"]) for r in requests]
     output_lens = [r["max_new_tokens"] for r in requests]
     return {
-        f"{name}_tok_s": workload_ceiling_tok_s(config, prompt_lens, output_lens, dtype, small=small)
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8", torch.int8))
+        f"{name}_tok_s": workload_ceiling_tok_s(config, prompt_lens, output_lens, getattr(torch, dtype), small=small,
+                                                mem_bytes_s=(bandwidth or {}).get(name))
+        for name, dtype in DTYPES.items()
     }
+
+
+class BandwidthWatch:
+    """The memory's read bandwidth measured between engine runs, per dtype's readers (int8 weights are read as
+    fp32's: see measure_peaks). An engine's run is judged against the better of the readings just before and
+    just after it: the bandwidth of this machine swings up to 2x within minutes, so one ceiling a process can
+    sit far below what a run met (a share over 100%)."""
+
+    def __init__(self, threads: int, small: bool = False):
+        import torch
+
+        from roseinfer.bench.roofline import read_bandwidth_meter
+
+        torch.set_num_threads(threads)
+        self._meters = {name: read_bandwidth_meter("cpu", getattr(torch, dtype), small)
+                        for name, dtype in DTYPES.items() if name != "int8"}
+        self.readings: list[dict[str, float]] = []
+
+    def read(self) -> dict[str, float]:
+        """Measure now; the reading is kept (results record them all)."""
+        reading = {name: meter() for name, meter in self._meters.items()}
+        reading["int8"] = reading["fp32"]
+        self.readings.append(reading)
+        return reading
+
+    def best(self) -> dict[str, float]:
+        """Per dtype, the fastest reading so far: the ceiling of the whole run."""
+        return {name: max(r[name] for r in self.readings) for name in DTYPES}
+
+
+def around(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A run's bandwidth: per dtype, the better of the readings either side of it."""
+    return {name: max(before[name], after[name]) for name in before}

@@ -140,6 +140,11 @@ def _engine_row(m: dict, engine: str, versions: dict[str, str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _bandwidth_range(readings: list[dict[str, float]]) -> str:
+    fp32 = [r["fp32"] for r in readings]
+    return f"{min(fp32):.0f}–{max(fp32):.0f}"
+
+
 def compare_engines_section(results: Path) -> str:
     parts = []
     for path in sorted(results.glob("*/compare_engines*.json")):  # GPT-2, and other presets beside it
@@ -176,7 +181,11 @@ def compare_engines_section(results: Path) -> str:
             f"memory-read peaks measured in the same run (`bench/roofline.py`: the best of `torch.mm` and "
             f"oneDNN's packed projection for FLOP/s; for read bandwidth {readers}; int8: one byte a weight, fp32 K/V, "
             f"and the int8 products of `torch._int_mm` or roseinfer's int8 kernel, the faster): {floors}. Each "
-            f"engine is measured against the ceiling of its own dtype."
+            f"engine is measured against the ceiling of its own dtype"
+            + (f", at the read bandwidth measured just before and after each of its runs (the better of the two; "
+               f"{_bandwidth_range(c['bandwidth_readings_gb_s'])} GB/s fp32 over the run's "
+               f"{len(c['bandwidth_readings_gb_s'])} readings); the ceilings above are at the fastest reading."
+               if c.get("bandwidth_readings_gb_s") else ", at a bandwidth measured once in the run.")
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
     return "\n\n".join(parts) or "_no results yet: run the command above_"
