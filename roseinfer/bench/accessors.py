@@ -5,6 +5,7 @@
   (the one method the private-state manager and SchedulerManager differ in);
 - `quiet_pop_us`: a pop alone, on finished requests, with no other thread running;
 - `split_calls`: a server's calls split into those near the call's cost alone and the slower rest;
+- `pop_account`: the back of the envelope, a number a row (the pop alone, in the server, as a share of a run);
 - `plot_accessors`: the notebook's three panels.
 """
 
@@ -95,6 +96,30 @@ def quiet_pop_us(engine, pop: Callable[[Any, int], Any], prompt: str, new_tokens
 def split_calls(calls: list[float], alone: float, factor: float = 1.5) -> tuple[list[float], list[float]]:
     """(the calls within `factor` x the call's cost alone, the slower rest)."""
     return [x for x in calls if x <= factor * alone], [x for x in calls if x > factor * alone]
+
+
+def pop_account(quiet_pop: dict[str, float], pop_calls_us: dict[str, list[float]],
+                runs: dict[str, list[dict[str, float]]], requests: int, factor: float = 1.5) -> dict[str, float]:
+    """Notebook 06's back of the envelope, for the variants "private-state" and "current" (pop_response):
+
+    alone_*_us: the pop's median alone (`quiet_pop_us`); extra_us: what pop_response adds to it;
+    server_over_alone_*: the server's median call (median of the runs' medians) over the call's cost alone;
+    near_alone_share: the share of pop_response's calls in the server within `factor` x its cost alone;
+    run_ms: a run's median length; share_of_run: extra_us x `requests`, over run_ms (the extra work, measured alone);
+    worst_share: the largest, over paired runs, of the time the server spent in pop_response beyond the private
+    pop's, over the run's length (the server's own figures)."""
+    private, accessor = quiet_pop["private-state"], quiet_pop["current"]
+    extra = accessor - private
+    fast, slow = split_calls(pop_calls_us["current"], accessor, factor)
+    server = {v: median([r["pop_median_us"] for r in runs[v]]) for v in ("private-state", "current")}
+    run_ms = median([r["duration_s"] for r in runs["current"]]) * 1000
+    worst = max((r["pop_total_ms"] - s["pop_total_ms"]) / (r["duration_s"] * 1000)
+                for r, s in zip(runs["current"], runs["private-state"]))
+    return {"alone_private_us": private, "alone_accessor_us": accessor, "extra_us": extra,
+            "server_over_alone_private": server["private-state"] / private,
+            "server_over_alone_accessor": server["current"] / accessor,
+            "near_alone_share": len(fast) / max(1, len(fast) + len(slow)),
+            "run_ms": run_ms, "share_of_run": extra * requests / 1000 / run_ms, "worst_share": worst}
 
 
 def plot_accessors(cost, pop_calls_us, alone_us: float, runs, names: dict[str, str], throughput_title: str):

@@ -8,7 +8,9 @@
 - `plot_sweep`: output tok/s, TTFT and TPOT against the requests in flight, with the runs' range;
 - `bare_step_runs`, `hf_bare_step_ms`: each engine's decode step alone, no server;
 - `tpot_apart`: roseinfer's TPOT as floor | bare step | what serving adds, and Little's law as a check;
-- `committed_vllm`: a few lines from the committed vLLM-CPU served run.
+- `committed_vllm`: a few lines from the committed vLLM-CPU served run;
+- `export_weights`, `start_roseinfer`: the notebook's set-up (one weights directory, two roseinfer servers);
+- `paired_table`, `serving_share`: the paired ratios of every metric, and serving's share of roseinfer's TPOT.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from roseinfer.bench.roofline import decode_step_cost
 from roseinfer.bench.stats import Verdict, median, verdict
 
 PEER, OURS = "transformers serve", "roseinfer"
+LITTLE_BOUND = 0.10  # how far Little's law may miss a measured rate before the notebook fails
 METRICS = {"output_throughput_tok_s": ("output tok/s", "tok/s", True), "ttft_ms": ("TTFT p50", "ms", False),
            "tpot_ms": ("TPOT p50", "ms", False)}
 
@@ -166,7 +169,7 @@ def tpot_apart(sweep: dict, levels: list[int], config, context: int, elem_bytes:
             measured = median(runs_at(sweep, name, c, "output_throughput_tok_s"))
             out["little_error"] = max(out["little_error"], abs(measured / predicted - 1))
     print(f"Little's law, c x {n_out} / (TTFT + {n_out - 1} x TPOT), predicts every measured rate within "
-          f"{out['little_error']:.0%}: TTFT and TPOT account for the throughput.")
+          f"{out['little_error']:.0%} (full-size runs assert under {LITTLE_BOUND:.0%}).")
     return out
 
 
@@ -189,3 +192,70 @@ def committed_vllm(name: str = "compare_served") -> dict[str, Any] | None:
                   f"{ours['output_throughput_tok_s']:.0f} tok/s ({ours['output_throughput_tok_s'] / theirs['output_throughput_tok_s']:.2f}x; "
                   f"{len(o)} runs each, roseinfer's {where} vLLM's)")
     return r
+
+
+def export_weights(model: str) -> tuple[str, Any]:
+    """A Hugging Face directory every server loads: the model's real weights if the Hub cache has them, else its
+    seeded random weights with the projections scaled 3x (plain random GPT-2 weights make greedy decoding repeat
+    one token, and a same-answer check would pass whatever a server did). Prints where the weights come from;
+    returns (directory, an engine on those weights)."""
+    import os
+    import shutil
+    import tempfile
+
+    from roseinfer import InferenceEngine
+    from roseinfer.bench.peer_models import make_hf_weights
+    from roseinfer.models.loader import save_hf_directory
+    from roseinfer.tokenizer import embedded_bpe_files
+
+    model_dir = tempfile.mkdtemp()
+    exported = InferenceEngine.from_pretrained(model, num_kv_blocks=16)
+    if exported.weights.is_random:
+        print("weights:", exported.describe()["weights"], "-> exported with its projections scaled 3x")
+        model_dir = str(make_hf_weights(Path(model_dir), model, seed=0, projection_scale=3.0))
+        return model_dir, InferenceEngine.from_pretrained(model_dir, num_kv_blocks=16)
+    save_hf_directory(model_dir, exported.model_config, exported.runner.model.state_dict())
+    for src, name in zip(embedded_bpe_files(), ("vocab.json", "merges.txt")):
+        shutil.copy(src, os.path.join(model_dir, name))
+    print("weights:", exported.describe()["weights"])
+    return model_dir, exported
+
+
+def start_roseinfer(model_dir: str, device: str, kv_tokens: int) -> tuple[dict[str, str], dict[str, Any]]:
+    """Two roseinfer servers on the same weights: "roseinfer fp32" (`--dtype float32`, for the same-answer check)
+    and "roseinfer" (`--dtype auto`, the default, measured). Each is stopped at exit should a cell fail. Prints the
+    measured one's command line; returns ({name: base url}, {name: process})."""
+    import atexit
+    import os
+
+    from roseinfer.bench.serving import free_port, roseinfer_server_command, start_server, stop_server
+
+    servers, procs = {}, {}
+    default_env = {k: v for k, v in os.environ.items() if k != "ROSEINFER_CPU_DTYPE"}  # let `auto` decide
+    for name, dtype, env in (("roseinfer fp32", "float32", None), (OURS, "auto", default_env)):
+        port = free_port()
+        command = roseinfer_server_command(port, "--model", model_dir, "--device", device, "--dtype", dtype,
+                                           "--num-kv-blocks", str(kv_tokens // 16), "--block-size", "16")
+        procs[name] = start_server(command, port, env=env)
+        atexit.register(stop_server, procs[name])
+        servers[name] = f"http://127.0.0.1:{port}"
+    print("python", " ".join(command[1:]).replace(str(port), "<port>").replace(model_dir, "<weights>"))
+    return servers, procs
+
+
+def paired_table(sweep: dict, levels: list[int]) -> str:
+    """Pass by pass, roseinfer over transformers serve (> 1: roseinfer better), every metric at every level:
+    the median ratio and its range over the passes."""
+    lines = [f"{'in flight':>9}" + "".join(f"{METRICS[k][0]:>22}" for k in METRICS)]
+    for c in levels:
+        cells = []
+        for key in METRICS:
+            r = paired(sweep, c, key)
+            cells.append(f"{median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+        lines.append(f"{c:>9}" + "".join(f"{x:>22}" for x in cells))
+    return "\n".join(lines)
+
+
+def serving_share(apart: dict[str, Any]) -> dict[int, float]:
+    """{level: the share of roseinfer's TPOT p50 that serving adds beyond the bare step} (from `tpot_apart`)."""
+    return {c: (apart["tpot"][c] - apart["bare"][c]) / apart["tpot"][c] for c in apart["tpot"]}

@@ -120,3 +120,124 @@ def serve_once(engine: InferenceEngine, prompts: list[list[int]], max_new_tokens
     return {"tok_s": tokens / seconds, "most_in_a_step": most, "mean_in_a_step": emitted / steps,
             "step_ms": seconds / steps * 1e3, "preemptions": scheduler.kv_stats()["num_preemptions"],
             "seconds": seconds}
+
+
+KV_HEADS = {"MHA (9 KV heads)": 9, "GQA (3 KV heads)": 3}
+
+
+def measure(engines: dict[str, InferenceEngine], prompts: list[list[int]], max_new_tokens: int, repeats: int,
+            cases: dict[str, tuple], backend) -> tuple[dict[str, list[dict]], dict[str, list[float]]]:
+    """Interleaved rounds (the order alternating): each engine serves the burst once (`serve_once`) and one
+    layer's decode attention is timed on its case. Returns ({label: [serve_once's dict a round]},
+    {label: [attention ms a round]}). Warms each engine up first (the kernels' first calls)."""
+    for engine in engines.values():
+        serve_once(engine, prompts[:2], 2)
+    runs: dict[str, list[dict]] = {label: [] for label in engines}
+    attn_ms: dict[str, list[float]] = {label: [] for label in engines}
+    for round_ in range(repeats):
+        for label in (list(engines) if round_ % 2 == 0 else list(engines)[::-1]):
+            runs[label].append(serve_once(engines[label], prompts, max_new_tokens))
+            attn_ms[label].append(time_decode_attention(backend, cases[label]))
+    return runs, attn_ms
+
+
+@dataclasses.dataclass
+class Summary:
+    """What notebook 12's measurement shows, per variant (keyed by label), with the two verdicts."""
+
+    tok_s: dict[str, list[float]]
+    attn_ms: dict[str, list[float]]
+    tokens: dict[str, int]  # KV tokens the budget holds
+    whole: dict[str, int]  # whole requests (prompt + new tokens) those hold
+    most: dict[str, int]  # most sequences in one step, over the runs
+    mean: dict[str, float]  # median over runs of the sequences in an average step
+    step: dict[str, float]  # median over runs of the time a step, ms
+    preempted: dict[str, float]  # median preemptions a run
+    read: dict[str, int]  # bytes one layer's decode attention reads
+    v_tput: object
+    v_attn: object
+
+    def ratio(self, field: str) -> float:
+        """GQA's figure over MHA's."""
+        mha, gqa = (getattr(self, field)[label] for label in KV_HEADS)
+        return gqa / mha
+
+    def table(self) -> str:
+        """A small table, one row a figure: MHA | GQA | GQA over MHA."""
+        mha, gqa = KV_HEADS
+        from roseinfer.bench.stats import median
+
+        med = {k: {label: median(v[label]) for label in KV_HEADS}
+               for k, v in (("tok_s", self.tok_s), ("attn_ms", self.attn_ms))}
+        rows = [("KV tokens in the budget", self.tokens, "{:.0f}", self.ratio("tokens")),
+                ("whole requests they hold", self.whole, "{:.0f}", None),
+                ("most sequences in a step", self.most, "{:.0f}", self.ratio("most")),
+                ("sequences in an average step", self.mean, "{:.1f}", self.ratio("mean")),
+                ("time a step (ms)", self.step, "{:.1f}", self.ratio("step")),
+                ("preemptions a run", self.preempted, "{:.0f}", None),
+                ("output tok/s", med["tok_s"], "{:.1f}", self.v_tput.ratio),
+                ("one layer's attention (ms)", med["attn_ms"], "{:.2f}", med["attn_ms"][gqa] / med["attn_ms"][mha]),
+                ("  bytes it reads (MiB)", {k: v / 2**20 for k, v in self.read.items()}, "{:.0f}",
+                 self.ratio("read"))]
+        lines = [f"{'':30}{'MHA':>9}{'GQA':>9}  GQA / MHA"]
+        for name, values, fmt, ratio in rows:
+            lines.append(f"{name:30}{fmt.format(values[mha]):>9}{fmt.format(values[gqa]):>9}"
+                         + (f"  {ratio:.2f}x" if ratio is not None else ""))
+        return "\n".join(lines)
+
+
+def summarize(runs: dict[str, list[dict]], attn_ms: dict[str, list[float]], engines: dict[str, InferenceEngine],
+              request_tokens: int, attn_batch: int, attn_context: int, head_dim: int = 64) -> Summary:
+    """The measurement's figures and verdicts (MHA before, GQA after); `request_tokens` = prompt + new tokens."""
+    from roseinfer.bench.stats import median, verdict
+
+    mha, gqa = KV_HEADS
+    tok_s = {label: [r["tok_s"] for r in rs] for label, rs in runs.items()}
+    tokens = {label: e.num_kv_blocks * e.config.block_size for label, e in engines.items()}
+    return Summary(
+        tok_s=tok_s, attn_ms=attn_ms, tokens=tokens,
+        whole={label: t // request_tokens for label, t in tokens.items()},
+        most={label: max(r["most_in_a_step"] for r in rs) for label, rs in runs.items()},
+        mean={label: median([r["mean_in_a_step"] for r in rs]) for label, rs in runs.items()},
+        step={label: median([r["step_ms"] for r in rs]) for label, rs in runs.items()},
+        preempted={label: median([r["preemptions"] for r in rs]) for label, rs in runs.items()},
+        read={label: kv_bytes_read(attn_batch, attn_context, kv, head_dim) for label, kv in KV_HEADS.items()},
+        v_tput=verdict("throughput at the same KV memory", tok_s[mha], tok_s[gqa], "tok/s", higher_is_better=True,
+                       labels=(mha, gqa)),
+        v_attn=verdict("one layer's decode attention", attn_ms[mha], attn_ms[gqa], "ms", higher_is_better=False,
+                       labels=(mha, gqa)))
+
+
+def plot(summary: Summary, title: str):
+    """Three panels (KV tokens in the budget, output tok/s, one layer's attention): every run a dot, the median a
+    bar."""
+    import matplotlib.pyplot as plt
+
+    from roseinfer.bench.stats import median
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    colors = dict(zip(KV_HEADS, ("#7f7f7f", "#d9534f")))
+    panels = (("KV tokens in the same memory", {k: [v] for k, v in summary.tokens.items()}),
+              ("output tok/s, a burst at that memory", summary.tok_s),
+              ("one layer's decode attention (ms)", summary.attn_ms))
+    for ax, (name, data) in zip(axes, panels):
+        for i, label in enumerate(KV_HEADS):
+            ax.bar(i, median(data[label]), color=colors[label], alpha=0.4)
+            ax.plot([i] * len(data[label]), data[label], "o", color=colors[label], ms=4)
+        ax.set_xticks(range(2), list(KV_HEADS))
+        ax.set_title(name)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "cpu" / "paged_decode.c"
+
+
+def kernel_lines(*needles: str) -> str:
+    """The lines of the C decode kernel (roseinfer/kernels/cpu/paged_decode.c) that contain any of `needles`,
+    each with its line number: where a query head finds its KV head."""
+    lines = KERNEL.read_text().splitlines()
+    return "\n".join(f"paged_decode.c:{i + 1}: {line.strip()}" for i, line in enumerate(lines)
+                     if any(n in line for n in needles))

@@ -1,11 +1,13 @@
 """Notebook 07's measurements: the worker's per-step lookup of its streams, one lock per token or one per step.
 
-- `acquisitions_per_step`: every step's lookup counted (lock acquisitions by the worker, requests with news);
+- `acquisitions_per_step`: every step's lookup counted (lock acquisitions by the worker, requests that got a token
+  or finished);
 - `uncontended_lock_ns`: what one `with lock:` costs when no other thread wants the lock;
 - `lookup_alone`: both versions of `_collect_step_records` called directly on a manager holding B streams;
 - `serve_loads`: a decoding batch of B streams through each variant, with and without handler threads that
   submit and abort requests through the same manager (the server's handlers' use of the lock);
 - `seed_runs`: the seed post's streaming workload through each variant;
+- `lock_account`: the back of the envelope, a number a row (the saving against B - 1 acquisitions and a step);
 - `plot_lookups`: the notebook's three panels.
 """
 
@@ -29,7 +31,8 @@ COLORS = {"lock-per-token": "#7f7f7f", "current": "#d9534f"}
 
 
 def acquisitions_per_step(engine, variant: str, batch: int, new_tokens: int = 32) -> list[tuple[int, int]]:
-    """(lock acquisitions by the worker, requests with news) in every step's lookup, B streams served together.
+    """(lock acquisitions by the worker, requests that got a token or finished) in every step's lookup, B streams
+    served together.
     Each asks for `new_tokens`: enough that the first are still decoding when the last arrive, so some steps
     carry all B."""
     per_step: list[tuple[int, int]] = []
@@ -181,6 +184,33 @@ def seed_runs(engine, variants: Iterable[str], setup: StreamingSetup, repeats: i
             m, _ = run_streaming(engine, v, setup)
             out[v].append({"queue_wait_p50_ms": m["queue_wait_ms"]["p50"], "ttft_p50_ms": m["ttft_ms"]["p50"]})
     return out
+
+
+def lock_account(alone: Mapping[str, list[float]], runs, quiet: str, busy: str, batch: int,
+                 lock_ns: float) -> dict[str, float]:
+    """Notebook 07's back of the envelope, for the variants "lock-per-token" (before) and "current" (after):
+
+    predicted_us: B - 1 uncontended acquisitions; saved_us: the lookup alone's saving, round by round (median);
+    step_ms: TPOT p50 after, load `quiet`; share_of_step: saved_us over that step; tpot_spread: the smaller of the two
+    variants' (max - min) / median of TPOT over its runs, load `quiet`; busy_growth_x / busy_growth_ms: how much load
+    `busy` grew TPOT (the smaller of the variants'); busy_lookup_us: the larger variant's median of the runs' mean
+    lookup under load `busy`; lookup_share_of_growth: that over the growth; slow_lookups: lookups over 1 ms under
+    load `busy`, of busy_lookups."""
+    variants = ("lock-per-token", "current")
+    saved_us = median([b - a for b, a in zip(alone[variants[0]], alone[variants[1]])])
+    quiet_tpot = [[r["tpot_ms"] for r in runs[quiet][v]] for v in variants]
+    busy_tpot = [median([r["tpot_ms"] for r in runs[busy][v]]) for v in variants]
+    step_ms = median(quiet_tpot[1])
+    growth_ms = min(b - median(q) for b, q in zip(busy_tpot, quiet_tpot))
+    busy_lookup_us = max(median([r["lookup_mean_us"] for r in runs[busy][v]]) for v in variants)
+    return {"predicted_us": (batch - 1) * lock_ns / 1000, "saved_us": saved_us,
+            "saved_over_predicted": saved_us / ((batch - 1) * lock_ns / 1000), "step_ms": step_ms,
+            "share_of_step": saved_us / (step_ms * 1000),
+            "tpot_spread": min((max(x) - min(x)) / median(x) for x in quiet_tpot),
+            "busy_growth_x": min(b / median(q) for b, q in zip(busy_tpot, quiet_tpot)), "busy_growth_ms": growth_ms,
+            "busy_lookup_us": busy_lookup_us, "lookup_share_of_growth": busy_lookup_us / (growth_ms * 1000),
+            "slow_lookups": sum(r["slow_lookups"] for v in variants for r in runs[busy][v]),
+            "busy_lookups": sum(r["steps"] for v in variants for r in runs[busy][v])}
 
 
 def _strip(ax, groups: list[Mapping[str, list[float]]], names: Mapping[str, str], ylabel: str, title: str) -> None:

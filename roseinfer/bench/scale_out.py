@@ -216,3 +216,88 @@ def prefill_ms_per_token(url: str, model: str, words: int = 300, repeats: int = 
         (short_s, short_n), (long_s, long_n) = timed
         per_token.append((long_s - short_s) / (long_n - short_n) * 1000)
     return sorted(per_token)[len(per_token) // 2]
+
+
+# Notebook 14's analysis of `summary`'s table: the verdicts, the prefill envelope, each replica's hit rate, a plot.
+
+PAIR = ("one replica", "cache_aware")  # one 2-thread replica against two 1-thread replicas (cache-aware routed)
+
+
+def verdicts(table: dict[str, dict[str, list[float]]]) -> dict[str, object]:
+    """{name: Verdict}: round_robin -> cache_aware on hit rate ("hit"), tok/s ("tok_s"), TTFT p50 ("ttft") and
+    p99 ("ttft_p99"); one 2-thread replica -> the pair (cache_aware) on tok/s ("pair_tok_s") and TTFT p50
+    ("pair_ttft")."""
+    from roseinfer.bench.stats import verdict
+
+    rr, ca, one = (table[s] for s in ("round_robin", "cache_aware", "one replica"))
+    policies, pair = ("round_robin", "cache_aware"), ("one 2-thread replica", "two 1-thread replicas")
+    return {
+        "hit": verdict("prompt tokens found cached", rr["hit_rate"], ca["hit_rate"], "", higher_is_better=True,
+                       labels=policies),
+        "tok_s": verdict("throughput", rr["tok_s"], ca["tok_s"], "tok/s", higher_is_better=True, labels=policies),
+        "ttft": verdict("TTFT p50", rr["ttft_p50_ms"], ca["ttft_p50_ms"], "ms", higher_is_better=False,
+                        labels=policies),
+        "ttft_p99": verdict("TTFT p99", rr["ttft_p99_ms"], ca["ttft_p99_ms"], "ms", higher_is_better=False,
+                            labels=policies),
+        "pair_tok_s": verdict("throughput", one["tok_s"], ca["tok_s"], "tok/s", higher_is_better=True, labels=pair),
+        "pair_ttft": verdict("TTFT p50", one["ttft_p50_ms"], ca["ttft_p50_ms"], "ms", higher_is_better=False,
+                             labels=pair),
+    }
+
+
+def paired_ratios(table: dict[str, dict[str, list[float]]], key: str, before: str, after: str) -> list[float]:
+    """Round by round (every setup runs once a round), after's figure over before's."""
+    return [a / b for a, b in zip(table[after][key], table[before][key])]
+
+
+def envelope(table: dict[str, dict[str, list[float]]], runs: dict[str, list[dict]], ms_per_token: float,
+             replicas: int = 2) -> dict[str, float]:
+    """The prefill round_robin repeats, priced: the prompt tokens it found cached fewer than cache_aware (median
+    a run) times one replica's cold prefill cost a token, over the replicas working at once ("saved", s), beside
+    the measured difference of the runs' median durations ("gap", s)."""
+    from roseinfer.bench.stats import median
+
+    extra = median(table["cache_aware"]["found_tokens"]) - median(table["round_robin"]["found_tokens"])
+    duration = {s: median([r["duration_s"] for r in runs[s]]) for s in ("round_robin", "cache_aware")}
+    return {"extra_tokens": extra, "saved": extra * ms_per_token / 1000 / replicas,
+            "gap": duration["round_robin"] - duration["cache_aware"], "ms_per_token": ms_per_token,
+            "round_robin_s": duration["round_robin"], "cache_aware_s": duration["cache_aware"]}
+
+
+def describe_envelope(e: dict[str, float], replicas: int = 2) -> str:
+    return (f"envelope: round_robin prefilled {e['extra_tokens']:.0f} more prompt tokens a run x "
+            f"{e['ms_per_token']:.2f} ms / {replicas} replicas = {e['saved']:.2f} s; measured: its runs took "
+            f"{e['gap']:.2f} s longer ({e['round_robin_s']:.2f} vs {e['cache_aware_s']:.2f} s)")
+
+
+def replica_hit_table(table: dict[str, dict[str, list[float]]]) -> str:
+    """Each setup's median hit rate, replica by replica."""
+    from roseinfer.bench.stats import median
+
+    lines = [f"{'prompt tokens found cached':<28}{'replica 1':>10}{'replica 2':>10}"]
+    for setup in SETUPS:
+        rates = [f"{median(r):.2f}" for r in table[setup]["replica_hit_rates"]]
+        lines.append(f"{setup:<28}" + "".join(f"{r:>10}" for r in rates + ["-"] * (2 - len(rates))))
+    return "\n".join(lines)
+
+
+def plot(table: dict[str, dict[str, list[float]]], title: str):
+    """tok/s, TTFT p50 and the hit rate of the three setups: every run a dot, the median a bar."""
+    import matplotlib.pyplot as plt
+
+    from roseinfer.bench.stats import median
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    colors = {"one replica": "#7f7f7f", "round_robin": "#5b9bd5", "cache_aware": "#d9534f"}
+    for ax, key, label in zip(axes, ("tok_s", "ttft_p50_ms", "hit_rate"),
+                              ("output tok/s", "TTFT p50 (ms)", "prompt tokens found cached")):
+        for i, setup in enumerate(SETUPS):
+            values = table[setup][key]
+            ax.bar(i, median(values), color=colors[setup], alpha=0.4)
+            ax.plot([i] * len(values), values, "o", color=colors[setup], ms=4)
+        ax.set_xticks(range(3), SETUPS)
+        ax.set_title(label)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -5,8 +5,11 @@ subclass or strategy that overrides only what that notebook's increment
 changed; everything else is today's code. Before and after give the same
 greedy tokens, and the notebooks assert it.
 
+    notebook 02  one_request       OneRequestGenerator    one request at a time, prefill to last token
     notebook 03  static_batching   StaticBatchGenerator   static batches, padded to the longest
+    notebook 03  static_scheduler  StaticBatchScheduler   the same policy as a scheduler (diffed in 03)
     notebook 04  no_manager        NoManager              one request at a time under a global lock
+    notebook 04  first_manager     FirstManager           04's manager: 05-07's changes taken back out
     notebook 05  polling_worker    PollingWorkerManager   idle worker polls every 5 ms
     notebook 06  private_state     PrivateStateManager    reads scheduler internals
     notebook 07  lock_per_token    LockPerTokenManager    one lock acquisition per token
@@ -28,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from roseinfer.engine.engine import InferenceEngine
+from roseinfer.history.first_manager import FirstManager
 from roseinfer.history.lock_per_token import LockPerTokenManager
 from roseinfer.history.no_manager import NoManager
 from roseinfer.history.polling_worker import PollingWorkerManager
@@ -35,9 +39,10 @@ from roseinfer.history.private_state import PrivateStateManager
 from roseinfer.server.manager import Manager, SchedulerManager
 
 TEACHING_SEAMS: list[str] = [
-    # notebook 03: the scheduler's step plan
+    # notebook 03: the scheduler's step plan (admission and finishing)
     "roseinfer.engine.scheduler.OnlineScheduler.schedule",
     "roseinfer.engine.scheduler.OnlineScheduler._schedule_admissions",
+    "roseinfer.engine.scheduler.OnlineScheduler._finish",
     # notebook 04: the worker thread
     "roseinfer.server.manager.SchedulerManager._worker_loop",
     # notebook 05 and tests/test_bench.py: the idle wait
@@ -71,8 +76,10 @@ TEACHING_SEAMS: list[str] = [
     "roseinfer.models.packed_linear.bf16_kernel_wanted",
     # notebook 14: the load report a gateway routes on
     "roseinfer.server.loads.load_report",
-    # notebook 12: q, k and v of grouped-query attention
+    # notebook 12: q, k and v of grouped-query attention; GPT-2's attention against Llama's (show_diff)
     "roseinfer.models.llama.Attention.forward",
+    "roseinfer.models.gpt2.CausalSelfAttention",
+    "roseinfer.models.llama.Attention",
 ]
 
 MANAGER_VARIANTS: dict[str, type[Manager]] = {
@@ -81,6 +88,7 @@ MANAGER_VARIANTS: dict[str, type[Manager]] = {
     "polling": PollingWorkerManager,
     "private-state": PrivateStateManager,
     "lock-per-token": LockPerTokenManager,
+    "first-manager": FirstManager,
 }
 
 
