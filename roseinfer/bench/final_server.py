@@ -29,8 +29,8 @@ from roseinfer.bench.results import REPO_ROOT
 from roseinfer.bench.roofline import decode_step_cost
 from roseinfer.bench.stats import Verdict, median, verdict
 
-PEER, OURS = "transformers serve", "roseinfer"
-LITTLE_BOUND = 0.10  # how far Little's law may miss a measured rate before the notebook fails
+PEER, OURS, OURS_FP32 = "transformers serve", "roseinfer", "roseinfer fp32"
+LITTLE_BOUND = 0.15  # how far Little's law may miss a measured rate before the notebook fails
 METRICS = {"output_throughput_tok_s": ("output tok/s", "tok/s", True), "ttft_ms": ("TTFT p50", "ms", False),
            "tpot_ms": ("TPOT p50", "ms", False)}
 
@@ -65,11 +65,11 @@ def compare(sweep: dict, levels: list[int]) -> dict[tuple[str, int], Verdict]:
     return out
 
 
-def paired(sweep: dict, c: int, key: str) -> list[float]:
-    """Pass by pass (the two servers back to back), roseinfer's figure over the peer's, oriented so > 1 is
+def paired(sweep: dict, c: int, key: str, ours: str = OURS) -> list[float]:
+    """Pass by pass (the servers back to back), `ours`'s figure over the peer's, oriented so > 1 is
     roseinfer better: a ratio within a pass cancels the machine's drift between passes."""
     higher = METRICS[key][2]
-    return [(o / t if higher else t / o) for o, t in zip(runs_at(sweep, OURS, c, key), runs_at(sweep, PEER, c, key))]
+    return [(o / t if higher else t / o) for o, t in zip(runs_at(sweep, ours, c, key), runs_at(sweep, PEER, c, key))]
 
 
 def describe_paired(sweep: dict, levels: list[int], key: str = "output_throughput_tok_s") -> str:
@@ -85,7 +85,7 @@ def plot_sweep(sweep: dict, levels: list[int], labels: dict[str, str]):
     """Three panels, median and range of the runs per level; `labels` names each server in the legend."""
     from roseinfer.bench import plots
 
-    colors = {OURS: plots.COLORS["after"], PEER: plots.COLORS["before"]}
+    colors = {OURS: plots.COLORS["after"], PEER: plots.COLORS["before"], OURS_FP32: "#4a7fc1"}
     fig, axes = plots.figure(3, width=4.3)
     for ax, (key, (label, unit, _)) in zip(axes, METRICS.items()):
         for name in sweep:
@@ -243,14 +243,14 @@ def start_roseinfer(model_dir: str, device: str, kv_tokens: int) -> tuple[dict[s
     return servers, procs
 
 
-def paired_table(sweep: dict, levels: list[int]) -> str:
-    """Pass by pass, roseinfer over transformers serve (> 1: roseinfer better), every metric at every level:
+def paired_table(sweep: dict, levels: list[int], ours: str = OURS) -> str:
+    """Pass by pass, `ours` over transformers serve (> 1: roseinfer better), every metric at every level:
     the median ratio and its range over the passes."""
     lines = [f"{'in flight':>9}" + "".join(f"{METRICS[k][0]:>22}" for k in METRICS)]
     for c in levels:
         cells = []
         for key in METRICS:
-            r = paired(sweep, c, key)
+            r = paired(sweep, c, key, ours)
             cells.append(f"{median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
         lines.append(f"{c:>9}" + "".join(f"{x:>22}" for x in cells))
     return "\n".join(lines)

@@ -20,6 +20,7 @@ kernels/cpu/decode_layers.c); the switch is `fused_decode.enabled`. GPU: eager s
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import tempfile
 import textwrap
@@ -195,11 +196,17 @@ def narrow_twin(engine, width: int = 64, seed: int = 0):
     with torch.device("meta"):
         model = model_family(narrow.family)(narrow)
     state = model.to_empty(device="cpu").init_random_(seed).state_dict()
+    logger = logging.getLogger("roseinfer")  # the twin's tokens are never decoded: no "no tokenizer" warning
+    level = logger.level
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "narrow.pt"
         save_checkpoint(path, narrow, state)
-        return InferenceEngine.from_pretrained(str(path), dtype=engine.runner.dtype, num_kv_blocks=64,
-                                               max_batch_size=engine.config.max_batch_size)
+        logger.setLevel(logging.ERROR)
+        try:
+            return InferenceEngine.from_pretrained(str(path), dtype=engine.runner.dtype, num_kv_blocks=64,
+                                                   max_batch_size=engine.config.max_batch_size)
+        finally:
+            logger.setLevel(level)
 
 
 def gpu_eager_vs_graphs(engine, batches: list[int], context: int, rounds: int,

@@ -6,7 +6,8 @@
 - `stream_verdicts`: the runs compared, a rank test over runs (a run's requests queue behind each other, so they
   are not independent draws); `request_table`: every request of every run pooled; `stream_record`: what results/ keeps;
 - `hit_envelope` / `envelope_table`: the FLOPs a hit skips, and the floor under what it still does;
-- `plot_prefix_cache`: the notebook's figure.
+- `plot_prefix_cache`: the notebook's figure;
+- `SIZES`: the notebook's parameters, `notebook.sizes(**SIZES)`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ from roseinfer.bench.roofline import prefill_cost, step_cost
 from roseinfer.bench.scheduler_modes import SchedulerSetup, run_mode
 from roseinfer.bench.stats import Verdict, verdict
 from roseinfer.sampling import SamplingParams
+
+# loads: Poisson rates as fractions of the lone-prefill rate (1 / a lone no-cache prefill, measured in the notebook);
+# repeats: rounds of the lone-request timing; stream_runs: runs of the stream per variant and load.
+SIZES = dict(
+    cpu=dict(model="gpt2", num_requests=12, prefix_len=128, suffix_len=16, output_len=8, num_prefixes=2,
+             loads=[0.5, 0.9], headline_load=0.5, repeats=5, stream_runs=7),
+    gpu=dict(model="gpt2", num_requests=64, prefix_len=768, suffix_len=32, output_len=32, num_prefixes=4,
+             loads=[0.25, 0.5, 0.75, 0.9], headline_load=0.5, repeats=5, stream_runs=5),
+    ci=dict(model="gpt2-tiny", num_requests=4, prefix_len=32, suffix_len=4, output_len=2, num_prefixes=1,
+            loads=[0.5, 0.9], repeats=2, stream_runs=2),
+)
 
 
 def one_after_another(engine, workload, params, scheduler_class) -> tuple[list[list[int]], list[int]]:
@@ -102,12 +114,12 @@ def request_table(runs: Mapping[str, Mapping[float, list]]) -> str:
     def ms(x: float) -> str:
         return "-" if math.isnan(x) else f"{x:.0f}"
 
-    lines = [f"{'load':>5} {'variant':>15} {'requests':>8} {'p50':>6} {'p90':>6} {'hits':>5} {'hit p50':>8} "
-             f"{'miss p50':>8}"]
+    lines = [f"{'load':>5} {'variant':>15} {'requests':>8} {'pooled p50':>10} {'pooled p90':>10} {'hits':>5} "
+             f"{'hit p50':>8} {'miss p50':>8}"]
     for f in next(iter(runs.values())):
         for name, by_load in runs.items():
             s = request_summary(by_load[f])
-            lines.append(f"{f:>4g}x {name[:15]:>15} {s['requests']:>8} {ms(s['p50']):>6} {ms(s['p90']):>6} "
+            lines.append(f"{f:>4g}x {name[:15]:>15} {s['requests']:>8} {ms(s['p50']):>10} {ms(s['p90']):>10} "
                          f"{s['hits']:>5} {ms(s['hit_p50']):>8} {ms(s['miss_p50']):>8}")
     return "\n".join(lines)
 

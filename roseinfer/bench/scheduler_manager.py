@@ -102,13 +102,15 @@ class Numbers:
     nap_ms: float
 
     def __str__(self) -> str:
-        def cell(x: float, unit: str) -> str:
-            return f"{x:,.0f} {unit}" if x >= 100 else f"{x:.1f} {unit}"
+        def num(x: float) -> str:
+            return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
-        lines = [f"{'':24}{'no manager':>13}{'manager':>13}"]
+        def cell(xs: list[float], unit: str) -> str:  # the median, then (min-max) of the runs
+            return f"{num(median(xs))} ({num(min(xs))}-{num(max(xs))}) {unit}"
+
+        lines = [f"{'median (min-max)':24}{'no manager':>25}{'manager':>25}"]
         for what, v, unit in self.rows:
-            lines.append(f"{what:24}{cell(median(list(v.before)), unit):>13}{cell(median(list(v.after)), unit):>13}"
-                         f"  {_short(v)}")
+            lines.append(f"{what:24}{cell(list(v.before), unit):>25}{cell(list(v.after), unit):>25}  {_short(v)}")
         lines.append(f"throughput, 1 -> {self.c} streams: no manager {self.lock_growth:.2f}x, manager "
                      f"{self.manager_growth.ratio:.2f}x (p = {self.manager_growth.p_value:.2g})")
         lines.append(f"\n{'back of the envelope':56}{'predicted':>10}{'measured':>10}")

@@ -37,6 +37,20 @@ def get_generated_ids(scheduler, request_id):
     return list(scheduler._requests[request_id].output_token_ids)
 
 
+def pop_response(scheduler, request_id):
+    """Notebook 06: the finished request's record, with its own copy of the generated ids; the scheduler forgets
+    it. A running request raises ValueError and stays; an unknown id raises KeyError (the dict lookup)."""
+    from roseinfer.engine.sequence import FinishedRequest
+
+    seq = scheduler._requests[request_id]
+    if not seq.is_finished:
+        raise ValueError(f"request {request_id} is not finished")
+    del scheduler._requests[request_id]
+    return FinishedRequest(request_id=request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
+                           token_ids=list(seq.output_token_ids), finish_reason=seq.finish_reason,
+                           metrics=seq.metrics)
+
+
 def collect_step_records(self, step_tokens, finished):
     """Notebook 07: one `with self._lock:` around the whole loop; the streams of finished requests popped, of
     aborted ones (None) skipped. Delivery stays outside, in `_deliver`."""
@@ -172,3 +186,12 @@ def worker_idle(self):
         # queued between the check and the clear would have its set() erased: a lost wake-up.
         self._wakeup.clear()  # also drops a set() left by work the worker took while busy: no wake-up for nothing
     self._wakeup.wait()  # no timeout: only a set() wakes it, at once, and an idle worker never wakes otherwise
+
+
+def greedy_loop(engine, token_ids, n):
+    ids, new = list(token_ids), []
+    for _ in range(n):
+        token = int(engine.prompt_logits(ids)[-1].argmax())  # the last position's logits give the next token
+        new.append(token)
+        ids.append(token)
+    return new

@@ -6,6 +6,7 @@
 - `compare`: the notebook's verdicts (whole runs, decode steps, prefill; each variant from 1 request to B);
 - `fit_step`: the batch's decode step fitted as t(B) = a + b·B, beside its back of the envelope (the weights'
   bytes at the read bandwidth, one row's FLOPs at the matmul peak); `StepFit.table()` prints both;
+- `step_envelope`: each batch size's decode step beside the weights' read and the rows' arithmetic at the peaks;
 - `wasted_fraction`: the decode rows a static batch computes for requests already done, from the lengths alone;
 - `plot`, `metrics`: the notebook's figure and its saved result (keys the README renderer reads).
 """
@@ -164,6 +165,20 @@ def fit_step(
     row_bytes = two.bytes - one.bytes  # a row's own K/V reads and activations
     return StepFit(sizes, measured, float(a), float(b), (float(a_lo), float(a_hi)), (float(b_lo), float(b_hi)),
                    one.bytes - row_bytes, peaks["mem_bytes_s"], two.flops - one.flops, peaks["matmul_flops"])
+
+
+def step_envelope(fit: StepFit) -> str:
+    """Each batch size's median decode step beside its two costs at this machine's peaks: reading the weights once
+    (the same at every B) and the B rows' arithmetic; the step stays flat while the read is the larger."""
+    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
+    lines = ["B (rows)".ljust(38) + "".join(f"{B:>7}" for B in fit.batch_sizes),
+             "decode step, median ms".ljust(38) + "".join(f"{ms(t):>7}" for t in fit.measured_s),
+             "  / the step of 1 row".ljust(38) + "".join(f"{t / fit.measured_s[0]:>7.2f}" for t in fit.measured_s),
+             f"weights' read, ms ({fit.weight_bytes / 1e6:.0f} MB, {fit.read_bw / 1e9:.0f} GB/s)".ljust(38)
+             + "".join(f"{ms(fit.read_s):>7}" for _ in fit.batch_sizes),
+             f"rows' arithmetic, ms ({fit.matmul_flops / 1e9:.0f} GFLOP/s)".ljust(38)
+             + "".join(f"{ms(B * fit.row_s):>7}" for B in fit.batch_sizes)]
+    return "\n".join(lines)
 
 
 def wasted_fraction(lengths: Sequence[int]) -> float:

@@ -252,8 +252,12 @@ def plot_wakeup(light: Mapping[str, Any], idle: Mapping[str, Mapping[str, list[f
     _runs_panel(ax1, {names[v]: light["ttft_p50_ms"][v] for v in names}, "TTFT p50 (ms)", f"light load, {load}")
     wakeups = median(idle[before]["wakeups_per_s"])
     if wakeups:
-        ax1.axhline(median(light["ttft_p50_ms"][after]) + 500 / wakeups, color="#1f77b4", ls="--", lw=1,
+        predicted = median(light["ttft_p50_ms"][after]) + 500 / wakeups
+        ax1.axhline(predicted, color="#1f77b4", ls="--", lw=1,
                     label="wake-up event + half a nap\n(the polling TTFT predicted)")
+        # room above the line, the dots and the legend, so the dashed line never sits on the frame
+        top = max([predicted, *(x for v in names for x in light["ttft_p50_ms"][v])])
+        ax1.set_ylim(0, top * 1.35)
         ax1.legend(fontsize=8, loc="upper right")
     _runs_panel(ax2, {names[v]: idle[v]["wakeups_per_s"] for v in names}, "wake-ups per second", "idle")
     _runs_panel(ax3, {names[v]: idle[v]["cpu_ms_per_s"] for v in names}, "worker's CPU ms per second", "idle")
