@@ -182,9 +182,9 @@ def compare_engines_section(results: Path) -> str:
             f"oneDNN's packed projection for FLOP/s; for read bandwidth {readers}; int8: one byte a weight, fp32 K/V, "
             f"and the int8 products of `torch._int_mm` or roseinfer's int8 kernel, the faster): {floors}. Each "
             f"engine is measured against the ceiling of its own dtype"
-            + (f", at the read bandwidth measured just before and after each of its runs (the better of the two; "
-               f"{_bandwidth_range(c['bandwidth_readings_gb_s'])} GB/s fp32 over the run's "
-               f"{len(c['bandwidth_readings_gb_s'])} readings); the ceilings above are at the fastest reading."
+            + (f", at the fastest of {len(c['bandwidth_readings_gb_s'])} read-bandwidth readings taken between "
+               f"engine runs ({_bandwidth_range(c['bandwidth_readings_gb_s'])} GB/s fp32: this machine's bandwidth "
+               f"swings within minutes, so a reading beside a run can sit far below what the run met)."
                if c.get("bandwidth_readings_gb_s") else ", at a bandwidth measured once in the run.")
         )
         parts.extend(f"Not run: {e}: {why.splitlines()[0]}" for e, why in c["skipped"].items())
